@@ -1,0 +1,102 @@
+# gpu-lessons: everything a learner, instructor or CI needs, from a fresh clone.
+#
+#   make lab        set up .venv (once) and start JupyterLab on the lessons
+#   make test       set up .venv (once) and run the whole test suite
+#
+# Options:  GPU=1   install the CUDA builds of torch and TensorFlow (Linux + NVIDIA driver)
+#           PYTHON=python3.11   interpreter used to create the environment
+#           PORT=8888           JupyterLab's port
+# Setup re-runs only when requirements*.txt or pyproject.toml change.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 >/dev/null 2>&1 && echo python3.11 || echo python3)
+VENV ?= .venv
+GPU ?= 0
+PORT ?= 8888
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed-gpu$(GPU)
+NB ?=
+# pytest-xdist workers for the notebook tests (one kernel per notebook file)
+WORKERS ?= 2
+
+.PHONY: help setup lab test test-unit test-notebooks test-browser lessons outputs \
+        check-lessons lint bench stress browser clean
+
+help:
+	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
+
+# ---------------------------------------------------------------- environment
+$(STAMP): requirements.txt requirements-gpu.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; \
+	  sys.exit(0) if v >= (3, 10) else sys.exit(f"Python 3.11 is needed, found {v}")'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+ifeq ($(GPU),1)
+	grep -v -E '^(torch|tensorflow)' requirements.txt > $(VENV)/requirements-nofw.txt
+	$(PY) -m pip install --quiet -r requirements-gpu.txt -r $(VENV)/requirements-nofw.txt
+else
+	$(PY) -m pip install --quiet -r requirements.txt
+endif
+	$(PY) -m pip install --quiet --no-deps -e .
+	@rm -f $(VENV)/.installed-gpu*
+	@touch $@
+	@echo "environment ready in $(VENV) (GPU=$(GPU))"
+
+setup: $(STAMP)
+
+# ---------------------------------------------------------------- learners
+lab: setup
+	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=lessons
+
+# ---------------------------------------------------------------- tests
+# A real browser for the widget tests: CHROMIUM_PATH if set, else chromium on PATH, else
+# Debian's package when we are root (CI). Otherwise the browser tests skip (fail with CI=true).
+browser:
+	@if [ -n "$${CHROMIUM_PATH:-}" ]; then echo "browser: $$CHROMIUM_PATH"; \
+	elif command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+	     || command -v google-chrome >/dev/null 2>&1; then echo "browser: found on PATH"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "browser: installing Debian's chromium"; \
+	  apt-get update -qq >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "browser: none found; the browser tests will skip (set CHROMIUM_PATH)"; fi
+
+test: setup browser
+	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory test-unit test-notebooks test-browser; \
+	echo "make test: all passed in $$(( $$(date +%s) - start )) s"
+
+test-unit: setup
+	$(BIN)/ruff check .
+	$(PY) -m helpers.build lessons --check
+	$(PY) -m pytest tests -m "not browser" -q
+
+test-notebooks: setup
+	$(PY) -m pytest --nbval lessons solutions --nbval-sanitize-with tests/sanitize.cfg \
+	  --nbval-cell-timeout=600 -n $(WORKERS) --dist loadfile -q $(if $(NB),-k "$(NB)")
+
+test-browser: setup
+	$(PY) -m pytest tests/browser -m browser -q
+
+# ---------------------------------------------------------------- authors
+lessons: setup
+	$(PY) -m helpers.build lessons $(NB)
+
+outputs: setup
+	$(PY) -m helpers.build outputs $(NB)
+
+check-lessons: setup
+	$(PY) -m helpers.build lessons --check
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: setup
+	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b; done
+
+clean:
+	rm -rf build dist test-artifacts .pytest_cache

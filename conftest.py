@@ -1,0 +1,116 @@
+"""pytest configuration shared by the unit tests and the nbval notebook tests.
+
+For notebooks (``pytest --nbval lessons solutions``) it:
+
+* runs kernels headless, with the same settings ``make outputs`` uses (helpers.build), so the
+  stored outputs are exactly what the tests see;
+* reads each notebook kernel's peak memory (VmHWM) just before the kernel stops, reports it
+  per notebook and fails the run if one exceeds the Binder-sized budget;
+* reports how many code cells with output are compared and how many are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from helpers.build import KERNEL_ENV
+
+KERNEL_PEAK_BUDGET_MIB = 1536  # 1.5 GiB: a Binder-sized machine
+ROOT = Path(__file__).resolve().parent
+
+# headless widgets in every kernel started from this process (nbval inherits os.environ)
+os.environ["GPU_LESSONS_HEADLESS"] = KERNEL_ENV["GPU_LESSONS_HEADLESS"]
+
+_peaks: dict[str, float] = {}
+
+
+def _peak_rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _kernel_pid(ipynb_file) -> int | None:
+    kernel = getattr(ipynb_file, "kernel", None)
+    km = getattr(kernel, "km", None)
+    provisioner = getattr(km, "provisioner", None)
+    process = getattr(provisioner, "process", None)
+    return getattr(process, "pid", None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    parent = getattr(item, "parent", None)
+    last_cell = type(item).__name__ == "IPyNbCell" and (
+        nextitem is None or getattr(nextitem, "parent", None) is not parent
+    )
+    if last_cell:
+        pid = _kernel_pid(parent)
+        peak = _peak_rss_mib(pid) if pid else None
+        if peak is not None:
+            item.user_properties.append(("kernel_peak_mib", round(peak, 1)))
+    yield
+
+
+def pytest_runtest_logreport(report):
+    for key, value in getattr(report, "user_properties", []):
+        if key == "kernel_peak_mib":
+            notebook = report.nodeid.split("::")[0]
+            _peaks[notebook] = value
+
+
+def cell_counts(paths) -> dict[str, tuple[int, int]]:
+    """Per notebook: (code cells with stored output that nbval compares, ignored ones)."""
+    counts = {}
+    for path in paths:
+        nb = json.loads(Path(path).read_text(encoding="utf-8"))
+        compared = ignored = 0
+        for cell in nb["cells"]:
+            if cell["cell_type"] != "code" or not cell.get("outputs"):
+                continue
+            cell_tags = set(cell.get("metadata", {}).get("tags", []))
+            if cell_tags & {"nbval-ignore-output", "nbval-skip"}:
+                ignored += 1
+            else:
+                compared += 1
+        counts[str(Path(path).relative_to(ROOT))] = (compared, ignored)
+    return counts
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _peaks:
+        return
+    tr = terminalreporter
+    tr.section("notebook kernels: peak memory and compared cells")
+    counts = cell_counts(ROOT / p for p in sorted(_peaks))
+    total_c = total_i = 0
+    for nb in sorted(_peaks):
+        compared, ignored = counts.get(nb, (0, 0))
+        total_c += compared
+        total_i += ignored
+        flag = "  OVER BUDGET" if _peaks[nb] > KERNEL_PEAK_BUDGET_MIB else ""
+        tr.write_line(
+            f"{nb:45s} peak {_peaks[nb]:7.1f} MiB   cells compared {compared:3d} "
+            f"ignored {ignored:3d}{flag}"
+        )
+    share = total_c / max(1, total_c + total_i)
+    tr.write_line(
+        f"total: {total_c} compared, {total_i} ignored ({share:.0%} of code cells with output "
+        f"compared); kernel budget {KERNEL_PEAK_BUDGET_MIB} MiB"
+    )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    over = {nb: mib for nb, mib in _peaks.items() if mib > KERNEL_PEAK_BUDGET_MIB}
+    if over and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        for nb, mib in over.items():
+            print(f"\nFAIL: {nb} kernel peaked at {mib:.0f} MiB > {KERNEL_PEAK_BUDGET_MIB} MiB")

@@ -1,0 +1,64 @@
+"""helpers: the small package the gpu-lessons notebooks import.
+
+``import helpers`` is cheap: it imports neither torch nor TensorFlow.  Names are loaded from
+their module on first use (``helpers.device_report`` imports :mod:`helpers.device`, and so
+on); framework-specific modules import their framework only then.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    # foundation
+    "setup": "environment",
+    "pick_device": "environment",
+    "SetupReport": "environment",
+    "device_report": "device",
+    "DeviceReport": "device",
+    "check": "exercises",
+    "NotSolved": "exercises",
+    "progress": "progress",
+    "Table": "fmt",
+    "fmt_bytes": "fmt",
+    "fmt_mib": "fmt",
+    "fmt_gib": "fmt",
+    "fmt_seconds": "fmt",
+    "fmt_rate": "fmt",
+    "fmt_ratio": "fmt",
+    "MiB": "fmt",
+    "GiB": "fmt",
+    "classification_data": "data",
+    "image_data": "data",
+    "torch_dataset": "data",
+    "torch_loader": "data",
+    "MLP": "models",
+    "SmallCNN": "models",
+    "count_parameters": "models",
+    "headless": "runtime",
+}
+
+_SUBMODULES = {
+    "build", "data", "device", "environment", "exercises", "fmt", "models", "nvml",
+    "progress", "runtime",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        module = importlib.import_module(f".{_EXPORTS[name]}", __name__)
+        value = getattr(module, name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'helpers' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS) | _SUBMODULES)

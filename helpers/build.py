@@ -1,0 +1,287 @@
+"""Build lessons/ from solutions/ and store notebook outputs (``make lessons``, ``make outputs``).
+
+solutions/NN_topic.ipynb is the single source.  Each exercise is a code cell tagged
+``solution`` with metadata ``{"exercise": {"id": ..., "stub": ...}}``; in lessons/ it becomes
+the task (the solution cell's leading comment lines) followed by the stub, tagged
+``exercise``.  Every other cell is copied unchanged.
+
+Usage::
+
+    python -m helpers.build lessons [--check] [NAME ...]   # write (or verify) lessons/
+    python -m helpers.build outputs [NAME ...]             # re-execute and store outputs
+    python -m helpers.build exercises                      # list every exercise id
+
+NAME selects notebooks by substring (``01`` or ``pytorch_gpu``); default: all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .exercises import EXERCISE_ID
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = ROOT / "solutions"
+LESSONS = ROOT / "lessons"
+
+SOLUTION_TAG = "solution"
+EXERCISE_TAG = "exercise"
+
+# The kernel settings shared with the notebook tests (tests/conftest.py): headless widgets,
+# and no capture of C-level / child-process output, exactly as under nbval (FACTS.md).
+KERNEL_ENV = {"GPU_LESSONS_HEADLESS": "1", "PYTEST_CURRENT_TEST": "helpers.build outputs"}
+KERNEL_ARGS = ["--IPKernelApp.capture_fd_output=False"]
+
+
+class BuildError(ValueError):
+    """A solutions notebook breaks the exercise conventions."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str
+    notebook: str  # file name, e.g. "01_pytorch_gpu.ipynb"
+    cell_index: int
+    task: str  # the leading comment block
+    solution: str  # the code after the task
+    stub: str
+
+
+def _nbformat():
+    import nbformat
+
+    return nbformat
+
+
+def read(path: Path):
+    return _nbformat().read(str(path), as_version=4)
+
+
+def write(nb, path: Path) -> None:
+    text = _nbformat().writes(nb) + "\n"
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+
+
+def tags(cell) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def split_task(source: str) -> tuple[str, str]:
+    """Split a solution cell into its leading comment block (the task) and the code."""
+    lines = source.splitlines()
+    n = 0
+    while n < len(lines) and lines[n].lstrip().startswith("#"):
+        n += 1
+    return "\n".join(lines[:n]), "\n".join(lines[n:]).strip("\n")
+
+
+def exercises_in(path: Path, nb=None) -> list[Exercise]:
+    """Every exercise of one solutions notebook, validated.  Raises BuildError."""
+    nb = nb if nb is not None else read(path)
+    number = path.name[:2]
+    found = []
+    cells = nb.cells
+    for i, cell in enumerate(cells):
+        if SOLUTION_TAG not in tags(cell):
+            continue
+        where = f"{path.name} cell {i}"
+        if cell.cell_type != "code":
+            raise BuildError(f"{where}: only code cells can be tagged 'solution'")
+        meta = cell.metadata.get("exercise")
+        if not isinstance(meta, dict) or "id" not in meta or "stub" not in meta:
+            raise BuildError(
+                f"{where}: a 'solution' cell needs metadata "
+                '{"exercise": {"id": "NN-name", "stub": "code learners start from"}}'
+            )
+        ex_id, stub = meta["id"], meta["stub"]
+        match = EXERCISE_ID.match(ex_id) if isinstance(ex_id, str) else None
+        if not match or match.group(1) != number:
+            raise BuildError(
+                f"{where}: exercise id {ex_id!r} must look like '{number}-some-name' "
+                f"(the notebook's number, then lowercase words joined by dashes)"
+            )
+        if not isinstance(stub, str) or not stub.strip():
+            raise BuildError(f"{where}: exercise {ex_id} has an empty stub")
+        try:
+            compile(stub, f"<stub {ex_id}>", "exec")
+        except SyntaxError as exc:
+            raise BuildError(f"{where}: the stub of {ex_id} is not valid Python: {exc}") from exc
+        task, code = split_task(cell.source)
+        if not task:
+            raise BuildError(f"{where}: start the solution cell with the task as # comments")
+        following = next((c.source for c in cells[i + 1 :] if c.cell_type == "code"), "")
+        if ex_id not in following or "check(" not in following:
+            raise BuildError(
+                f"{where}: the next code cell must be the check cell, calling "
+                f"check({ex_id!r}, ...)"
+            )
+        found.append(Exercise(ex_id, path.name, i, task, code, stub))
+    return found
+
+
+def all_exercises(solutions_dir: Path | None = None) -> list[Exercise]:
+    """Every exercise in the kit; ids must be unique."""
+    result, seen = [], {}
+    for path in sorted((solutions_dir or SOLUTIONS).glob("[0-9][0-9]_*.ipynb")):
+        for ex in exercises_in(path):
+            if ex.id in seen:
+                raise BuildError(
+                    f"exercise id {ex.id} is used twice: {seen[ex.id]} and {path.name}"
+                )
+            seen[ex.id] = path.name
+            result.append(ex)
+    return result
+
+
+def _stub_cell(cell, ex: Exercise):
+    new = copy.deepcopy(cell)
+    new.source = f"{ex.task}\n{ex.stub.strip(chr(10))}"
+    new.metadata["tags"] = [t for t in tags(cell) if t != SOLUTION_TAG] + [EXERCISE_TAG]
+    new.metadata["exercise"] = {"id": ex.id}
+    new.outputs = []
+    new.execution_count = None
+    return new
+
+
+def lesson_from_solution(path: Path):
+    """The learner notebook generated from one solutions notebook (outputs cleared)."""
+    nb = read(path)
+    by_index = {ex.cell_index: ex for ex in exercises_in(path, nb)}
+    out = copy.deepcopy(nb)
+    for i, cell in enumerate(nb.cells):
+        if i in by_index:
+            out.cells[i] = _stub_cell(cell, by_index[i])
+        elif cell.cell_type == "code":
+            out.cells[i].outputs = []
+            out.cells[i].execution_count = None
+    return out
+
+
+def _signature(nb) -> list[tuple]:
+    return [
+        (c.cell_type, c.source, tuple(tags(c)), repr(c.metadata.get("exercise")))
+        for c in nb.cells
+    ]
+
+
+def select(names: list[str] | None, folder: Path | None = None) -> list[Path]:
+    folder = folder or SOLUTIONS
+    paths = sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+    if not names:
+        return paths
+    chosen = [p for p in paths if any(n in p.stem for n in names)]
+    if not chosen:
+        known = ", ".join(p.stem for p in paths) or "none"
+        raise SystemExit(f"no notebook in {folder.name}/ matches {names}; known: {known}")
+    return chosen
+
+
+def build_lessons(names=None, check: bool = False) -> list[str]:
+    """Write lessons/ from solutions/ (keeping outputs of unchanged cells) or, with
+    ``check=True``, return the list of lessons that are out of date."""
+    all_exercises()  # validates ids across the whole kit
+    stale = []
+    for src in select(names):
+        target = LESSONS / src.name
+        generated = lesson_from_solution(src)
+        existing = read(target) if target.exists() else None
+        if existing is not None and _signature(existing) == _signature(generated):
+            if check:
+                continue
+            # same sources: keep the stored outputs of the existing lesson
+            generated = existing
+        else:
+            stale.append(target.name)
+            if existing is not None and len(existing.cells) == len(generated.cells):
+                for new, old in zip(generated.cells, existing.cells, strict=True):
+                    if new.cell_type == "code" and old.get("source") == new.source:
+                        new.outputs = old.outputs
+                        new.execution_count = old.execution_count
+        if not check:
+            LESSONS.mkdir(exist_ok=True)
+            write(generated, target)
+    if check:
+        # lessons without a solution are stale too
+        extra = {p.name for p in LESSONS.glob("*.ipynb")} - {p.name for p in select(None)}
+        stale += sorted(extra)
+    return stale
+
+
+def clean_metadata(nb) -> None:
+    """Drop run-specific metadata nbclient adds (timings, widget state)."""
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+
+
+def execute(path: Path, timeout: int = 900) -> float:
+    """Execute one notebook from a clean kernel, exactly as the tests will, and store it."""
+    from nbclient import NotebookClient
+
+    nb = read(path)
+    os.environ.update(KERNEL_ENV)
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+        extra_arguments=KERNEL_ARGS,
+        record_timing=False,
+        store_widget_state=False,
+    )
+    start = time.perf_counter()
+    client.execute()
+    clean_metadata(nb)
+    write(nb, path)
+    return time.perf_counter() - start
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m helpers.build", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_lessons = sub.add_parser("lessons", help="generate lessons/ from solutions/")
+    p_lessons.add_argument("--check", action="store_true", help="only verify, exit 1 if stale")
+    p_lessons.add_argument("names", nargs="*")
+    p_out = sub.add_parser("outputs", help="regenerate lessons, then execute and store outputs")
+    p_out.add_argument("names", nargs="*")
+    sub.add_parser("exercises", help="list every exercise id")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "lessons":
+            stale = build_lessons(args.names, check=args.check)
+            if args.check:
+                if stale:
+                    print("lessons/ is out of date; run `make lessons`: " + ", ".join(stale))
+                    return 1
+                print("lessons/ is in sync with solutions/")
+            else:
+                print(f"lessons written ({len(stale)} changed)")
+            return 0
+        if args.command == "outputs":
+            build_lessons(args.names)
+            for src in select(args.names):
+                for path in (src, LESSONS / src.name):
+                    seconds = execute(path)
+                    print(f"executed {path.relative_to(ROOT)} in {seconds:.1f} s", flush=True)
+            return 0
+        if args.command == "exercises":
+            for ex in all_exercises():
+                print(f"{ex.id:40s} {ex.notebook}")
+            return 0
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 1  # pragma: no cover
+
+
+if __name__ == "__main__":
+    sys.exit(main())

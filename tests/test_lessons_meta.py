@@ -1,0 +1,110 @@
+"""Static checks of every lesson notebook: structure, sync, stored outputs, README table."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from helpers import build
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+LESSONS = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.ipynb"))
+ALL = SOLUTIONS + LESSONS
+TIME_LINE = re.compile(r"\*\*Time:\*\* (\d+) min teaching \+ (\d+) min exercises")
+ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(root|home|tmp|work|Users|private|var/folders)/")
+
+
+def load(path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def markdown(nb):
+    return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+def lesson_minutes(path):
+    match = TIME_LINE.search(markdown(load(path)))
+    assert match, f"{path.name}: no '**Time:** N min teaching + M min exercises' line"
+    return int(match.group(1)), int(match.group(2))
+
+
+def test_there_are_lessons():
+    assert SOLUTIONS, "solutions/ holds no notebooks"
+    assert [p.name for p in SOLUTIONS] == [p.name for p in LESSONS]
+
+
+def test_lessons_are_generated_from_solutions():
+    assert build.build_lessons(check=True) == [], "run `make lessons`"
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_lesson_structure(path):
+    nb = load(path)
+    text = markdown(nb)
+    first = "".join(nb["cells"][0]["source"])
+    assert first.startswith("# ") and text.count("\n# ") == 0, "exactly one H1 title, first"
+    for heading in ("## Questions", "## Objectives", "## What you need", "## Setup",
+                    "## Key points", "## Further reading"):
+        assert heading in text, f"{path.name}: missing '{heading}'"
+    lesson_minutes(path)
+    n_ex = len(build.exercises_in(path))
+    assert n_ex >= 2 or path.name.startswith("00_"), f"{path.name}: needs 2+ challenges"
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_stored_outputs_are_clean(path):
+    nb = load(path)
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        tags = cell.get("metadata", {}).get("tags", [])
+        assert cell.get("execution_count") is not None, f"cell {i} was never executed"
+        for out in cell.get("outputs", []):
+            blob = "".join(out.get("text", "")) + json.dumps(out.get("data", {}))
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                assert not re.search(r"\w+Warning\b", blob), f"cell {i}: a warning in stderr"
+            assert "FutureWarning: " not in blob or out.get("name") == "stdout", f"cell {i}"
+            assert not ABSOLUTE_PATH.search(blob), f"cell {i}: absolute path in output"
+            if out.get("output_type") == "error":
+                assert "raises-exception" in tags, f"cell {i}: unexpected error stored"
+            assert "image/png" not in out.get("data", {}) or len(
+                out["data"]["image/png"]) < 400_000, f"cell {i}: image too large"
+        assert "execution" not in cell.get("metadata", {}), f"cell {i}: timing metadata"
+    assert "widgets" not in nb.get("metadata", {}), "widget state stored"
+
+
+def test_most_outputs_are_compared():
+    compared = ignored = 0
+    for path in ALL:
+        for cell in load(path)["cells"]:
+            if cell["cell_type"] == "code" and cell.get("outputs"):
+                tags = set(cell.get("metadata", {}).get("tags", []))
+                if tags & {"nbval-ignore-output", "nbval-skip"}:
+                    ignored += 1
+                else:
+                    compared += 1
+    share = compared / max(1, compared + ignored)
+    print(f"code cells with output: {compared} compared, {ignored} ignored ({share:.0%})")
+    assert share >= 0.75
+
+
+ROW = re.compile(r"\| \[(\d\d_\w+)\]\(lessons/(\d\d_\w+)\.ipynb\) \|.*\| (\d+) \+ (\d+) \|")
+
+
+def readme_rows():
+    rows = {}
+    for line in (ROOT / "README.md").read_text().splitlines():
+        m = ROW.match(line)
+        if m:
+            assert m.group(1) == m.group(2), line
+            rows[m.group(1)] = (int(m.group(3)), int(m.group(4)))
+    return rows
+
+
+def test_readme_table_lists_every_lesson_with_its_minutes():
+    rows = readme_rows()
+    assert sorted(rows) == [p.stem for p in SOLUTIONS]
+    for path in SOLUTIONS:
+        assert rows[path.stem] == lesson_minutes(path), f"{path.stem}: README minutes differ"
