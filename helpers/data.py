@@ -26,7 +26,7 @@ def _seed(seed) -> int:
 
 def classification_data(
     n_samples: int = 2048, n_features: int = 32, n_classes: int = 4, *, seed: int = 0,
-    noise: float = 1.0,
+    noise: float = 4.0,
 ):
     """Gaussian blobs: ``n_classes`` clusters in ``n_features`` dimensions.
 

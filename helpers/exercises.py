@@ -81,6 +81,10 @@ def check(
     except AssertionError as exc:  # includes NotSolved
         message = str(exc) or "a check in this cell failed (no message)."
         return CheckResult(exercise_id, False, message)
+    except NotImplementedError as exc:
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        message = f"`{where.name}` is not written yet (it still raises NotImplementedError)."
+        return CheckResult(exercise_id, False, message)
     except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
         where = traceback.extract_tb(exc.__traceback__)[-1]
         message = (

@@ -34,6 +34,16 @@ def test_plain_asserts_and_learner_errors_are_reported():
     assert result.message.startswith("your code raised KeyError: 'missing' (in broken, line")
 
 
+def test_unwritten_stub_functions_are_named():
+    def train_step():
+        raise NotImplementedError
+
+    result = check("01-demo", train_step)
+    assert result.message == (
+        "`train_step` is not written yet (it still raises NotImplementedError)."
+    )
+
+
 @pytest.mark.parametrize("bad", ["1-demo", "01_demo", "01-Demo", "", None, "01-"])
 def test_bad_ids_are_rejected(bad):
     with pytest.raises(ValueError, match="exercise_id must look like"):
