@@ -49,8 +49,10 @@ endif
 setup: $(STAMP)
 
 # ---------------------------------------------------------------- learners
+# token authentication is JupyterLab's default; the URL with the token is printed below
 lab: setup
-	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=lessons
+	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=lessons \
+	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # ---------------------------------------------------------------- tests
 # A real browser for the widget tests: CHROMIUM_PATH if set, else chromium on PATH, else
