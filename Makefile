@@ -6,6 +6,8 @@
 # Options:  GPU=1   install the CUDA builds of torch and TensorFlow (Linux + NVIDIA driver)
 #           PYTHON=python3.11   interpreter used to create the environment
 #           PORT=8888           JupyterLab's port
+#           WHEELHOUSE=dir      install offline from `make wheelhouse` (no internet needed)
+# More: make refresh LESSON=03, release, release-solutions, kernel, wheelhouse, outputs NB=03
 # Setup re-runs only when requirements*.txt or pyproject.toml change.
 
 SHELL := /bin/bash
@@ -16,6 +18,8 @@ PYTHON ?= $(shell command -v python3.11 >/dev/null 2>&1 && echo python3.11 || ec
 VENV ?= .venv
 GPU ?= 0
 PORT ?= 8888
+WHEELHOUSE ?=
+PIP_SOURCE := $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE))
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed-gpu$(GPU)
@@ -23,25 +27,27 @@ NB ?=
 # pytest-xdist workers for the notebook tests (one kernel per notebook file)
 WORKERS ?= 2
 
-.PHONY: help setup lab test test-unit test-notebooks test-browser lessons outputs \
-        check-lessons lint bench stress browser clean
+.PHONY: help setup lab refresh test test-unit test-notebooks test-browser lessons outputs \
+        check-lessons lint bench stress browser clean release release-solutions kernel \
+        wheelhouse
 
 help:
-	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- environment
 $(STAMP): requirements.txt requirements-gpu.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; \
 	  sys.exit(0) if v >= (3, 10) else sys.exit(f"Python 3.11 is needed, found {v}")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(if $(WHEELHOUSE),,$(PY) -m pip install --quiet --upgrade pip)
 ifeq ($(GPU),1)
 	grep -v -E '^(torch|tensorflow)' requirements.txt > $(VENV)/requirements-nofw.txt
-	$(PY) -m pip install --quiet -r requirements-gpu.txt -r $(VENV)/requirements-nofw.txt
+	$(PY) -m pip install --quiet $(PIP_SOURCE) -r requirements-gpu.txt \
+	  -r $(VENV)/requirements-nofw.txt
 else
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet $(PIP_SOURCE) -r requirements.txt
 endif
-	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip install --quiet --no-deps $(PIP_SOURCE) -e .
 	@rm -f $(VENV)/.installed-gpu*
 	@touch $@
 	@echo "environment ready in $(VENV) (GPU=$(GPU))"
@@ -49,10 +55,37 @@ endif
 setup: $(STAMP)
 
 # ---------------------------------------------------------------- learners
-# token authentication is JupyterLab's default; the URL with the token is printed below
+# Learners work in my-lessons/ (git-ignored): lessons are copied there once and never
+# overwritten, so `git pull` never conflicts with their edits. Token authentication is
+# JupyterLab's default; the URL with the token is printed below. Opens on lesson 00, the index.
 lab: setup
-	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=lessons \
+	@$(PY) -m helpers.build personal
+	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=my-lessons \
+	  --LabApp.default_url=/lab/tree/00_setup.ipynb \
 	  $(if $(filter 0,$(shell id -u)),--allow-root)
+
+# a fresh copy of one lesson in my-lessons/ (yours is moved to my-lessons/backup/)
+refresh: setup
+	@test -n "$(LESSON)" || { echo "usage: make refresh LESSON=03"; exit 2; }
+	$(PY) -m helpers.build personal --refresh $(LESSON)
+
+# ---------------------------------------------------------------- instructors and clusters
+release: setup
+	$(PY) -m helpers.build release
+
+release-solutions: setup
+	$(PY) -m helpers.build release --solutions
+
+# register this environment as a Jupyter kernel (site JupyterHub / Open OnDemand)
+KERNEL_NAME ?= gpu-lessons
+kernel: setup
+	$(PY) -m ipykernel install --user --name $(KERNEL_NAME) \
+	  --display-name "Python (gpu-lessons)" --env GPU_LESSONS_KIT $(CURDIR)
+
+# wheels for offline installs on compute nodes: `make setup WHEELHOUSE=wheelhouse`
+wheelhouse: setup
+	$(PY) -m pip download --quiet -d wheelhouse -r requirements.txt setuptools wheel
+	@echo "wheelhouse/ ready: copy the kit to the cluster, then make lab WHEELHOUSE=wheelhouse"
 
 # ---------------------------------------------------------------- tests
 # A real browser for the widget tests: CHROMIUM_PATH if set, else chromium on PATH, else
@@ -68,6 +101,7 @@ browser:
 	else echo "browser: none found; the browser tests will skip (set CHROMIUM_PATH)"; fi
 
 test: setup browser
+	@test -d tests || { echo "The tests are not part of this bundle: clone the kit's repository."; exit 2; }
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory test-unit test-notebooks test-browser; \
 	echo "make test: all passed in $$(( $$(date +%s) - start )) s"
@@ -101,4 +135,4 @@ bench: setup
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b; done
 
 clean:
-	rm -rf build dist test-artifacts .pytest_cache
+	rm -rf build dist test-artifacts .pytest_cache  # never my-lessons/: learners' work

@@ -39,11 +39,12 @@ _EXPORTS = {
     "SmallCNN": "models",
     "count_parameters": "models",
     "headless": "runtime",
+    "reveal": "instructor",
 }
 
 _SUBMODULES = {
     "build", "data", "device", "environment", "exercises", "fmt", "models", "nvml",
-    "progress", "runtime",
+    "instructor", "progress", "runtime",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -10,6 +10,8 @@ Usage::
     python -m helpers.build lessons [--check] [NAME ...]   # write (or verify) lessons/
     python -m helpers.build outputs [NAME ...]             # re-execute and store outputs
     python -m helpers.build exercises                      # list every exercise id
+    python -m helpers.build personal [--refresh NAME ...]  # learners' copy in my-lessons/
+    python -m helpers.build release [--solutions]          # zip bundles in dist/
 
 NAME selects notebooks by substring (``01`` or ``pytorch_gpu``); default: all.
 """
@@ -29,6 +31,15 @@ from .exercises import EXERCISE_ID
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
 LESSONS = ROOT / "lessons"
+PERSONAL = ROOT / "my-lessons"
+DIST = ROOT / "dist"
+
+# What a learner bundle holds (top-level paths, tracked files only) and what the solutions
+# bundle, handed out after the workshop, adds. Neither holds the instructor notes (docs/).
+LEARNER_BUNDLE = ["README.md", "LICENSE", "CONTRIBUTING.md", "Makefile", "pyproject.toml",
+                  "requirements.txt", "requirements-gpu.txt", "environment.yml", "binder",
+                  "helpers", "lessons", "scripts", "benchmarks"]
+SOLUTIONS_EXTRA = ["solutions"]
 
 SOLUTION_TAG = "solution"
 EXERCISE_TAG = "exercise"
@@ -243,6 +254,63 @@ def execute(path: Path, timeout: int = 900) -> float:
     return time.perf_counter() - start
 
 
+def personal_copy(refresh: list[str] | None = None, folder: Path | None = None) -> list[str]:
+    """Copy lessons into the learner's own, git-ignored folder (``make lab`` does this).
+
+    Lessons already there are never overwritten, so ``git pull`` cannot conflict with a
+    learner's work and updates of the kit never erase it; lessons new to the kit are added.
+    ``refresh`` names lessons to replace with a fresh copy: the learner's version is kept in
+    ``backup/`` first. Returns what was done, one line each.
+    """
+    import shutil
+
+    folder = folder or PERSONAL
+    folder.mkdir(exist_ok=True)
+    done = []
+    refreshed = select(refresh, LESSONS) if refresh else []
+    for src in select(None, LESSONS):
+        target = folder / src.name
+        if src in refreshed and target.exists():
+            backup = folder / "backup" / f"{src.stem}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
+            backup.parent.mkdir(exist_ok=True)
+            shutil.move(target, backup)
+            done.append(f"{src.name}: your version moved to {backup.relative_to(folder.parent)}")
+        if not target.exists():
+            shutil.copy2(src, target)
+            done.append(f"{src.name}: fresh copy in {folder.name}/")
+    return done
+
+
+def _tracked_files(paths: list[str]) -> list[Path]:
+    import subprocess
+
+    out = subprocess.run(["git", "ls-files", "-z", "--", *paths], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    return [ROOT / p for p in out.split("\0") if p]
+
+
+def release(solutions: bool = False, out_dir: Path | None = None) -> Path:
+    """Zip the learner bundle (no solution code anywhere) or, with ``solutions=True``, the
+    bundle an instructor hands out later: the same plus solutions/."""
+    import zipfile
+
+    from . import __version__
+
+    stale = build_lessons(check=True)
+    if stale:
+        raise BuildError(f"lessons/ is out of date ({', '.join(stale)}): run `make lessons`")
+    kind = "solutions" if solutions else "learner"
+    paths = LEARNER_BUNDLE + (SOLUTIONS_EXTRA if solutions else [])
+    out_dir = out_dir or DIST
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"gpu-lessons-{kind}-{__version__}.zip"
+    prefix = f"gpu-lessons-{__version__}"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in _tracked_files(paths):
+            zf.write(path, f"{prefix}/{path.relative_to(ROOT)}")
+    return target
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers.build", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -253,6 +321,12 @@ def main(argv=None) -> int:
     p_out = sub.add_parser("outputs", help="regenerate lessons, then execute and store outputs")
     p_out.add_argument("names", nargs="*")
     sub.add_parser("exercises", help="list every exercise id")
+    p_personal = sub.add_parser("personal", help="copy new lessons into my-lessons/")
+    p_personal.add_argument("--refresh", nargs="+", metavar="NAME",
+                            help="replace these lessons with fresh copies (yours are backed up)")
+    p_release = sub.add_parser("release", help="build a learner (or instructor) zip in dist/")
+    p_release.add_argument("--solutions", action="store_true",
+                           help="the bundle handed out later: learner bundle + solutions/")
     args = parser.parse_args(argv)
 
     try:
@@ -276,6 +350,14 @@ def main(argv=None) -> int:
         if args.command == "exercises":
             for ex in all_exercises():
                 print(f"{ex.id:40s} {ex.notebook}")
+            return 0
+        if args.command == "personal":
+            for line in personal_copy(args.refresh):
+                print(line)
+            return 0
+        if args.command == "release":
+            target = release(solutions=args.solutions)
+            print(f"wrote {target.relative_to(ROOT)}")
             return 0
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)

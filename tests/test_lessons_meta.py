@@ -108,3 +108,16 @@ def test_readme_table_lists_every_lesson_with_its_minutes():
     assert sorted(rows) == [p.stem for p in SOLUTIONS]
     for path in SOLUTIONS:
         assert rows[path.stem] == lesson_minutes(path), f"{path.stem}: README minutes differ"
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_checks_pass_on_solutions_and_not_on_stubs(path):
+    """Learners never have to guess: the check says 'solved' for the solution and
+    'not solved yet' for the stub, in the stored outputs of both notebooks."""
+    for folder, verdict in (("solutions", ": solved: "), ("lessons", ": not solved yet: ")):
+        nb = load(ROOT / folder / path.name)
+        for ex in build.exercises_in(ROOT / "solutions" / path.name):
+            cells = nb["cells"]
+            check_cell = next(c for c in cells[ex.cell_index + 1:] if c["cell_type"] == "code")
+            shown = json.dumps(check_cell.get("outputs", []))
+            assert f"Challenge {ex.id}{verdict}" in shown, f"{folder}/{path.name} {ex.id}"

@@ -1,0 +1,73 @@
+"""Learner bundles hold no solution code; learners' own copies survive kit updates."""
+
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from helpers import build
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def distinctive_lines(ex, solution_nb):
+    """Lines of a solution that appear nowhere else in its notebook or its stub."""
+    others = "\n".join(
+        [c.source for i, c in enumerate(solution_nb.cells) if i != ex.cell_index] + [ex.stub]
+    )
+    lines = {line.strip() for line in ex.solution.splitlines()}
+    return sorted(s for s in lines if len(s) >= 12 and s not in others and not s.startswith("#"))
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    return build.release(out_dir=out), build.release(solutions=True, out_dir=out)
+
+
+def test_learner_bundle_contains_no_solution_code(bundles):
+    learner, _ = bundles
+    with zipfile.ZipFile(learner) as zf:
+        names = zf.namelist()
+        texts = {n: zf.read(n).decode("utf-8", "replace") for n in names}
+    assert not [n for n in names if "/solutions/" in n], "solutions/ must not be shipped"
+    assert not [n for n in names if "/docs/" in n], "instructor notes must not be shipped"
+    assert any(n.endswith("lessons/00_setup.ipynb") for n in names)
+    assert any(n.endswith("helpers/__init__.py") for n in names)
+    checked = 0
+    for path in sorted(build.SOLUTIONS.glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(str(path), 4)
+        for ex in build.exercises_in(path, nb):
+            for line in distinctive_lines(ex, nb):
+                leaks = [n for n, t in texts.items() if line in t]
+                assert not leaks, f"{ex.id}: solution line {line!r} found in {leaks}"
+                checked += 1
+    assert checked >= 10, "too few solution lines to make this test meaningful"
+
+
+def test_solutions_bundle_adds_the_solutions(bundles):
+    _, with_solutions = bundles
+    with zipfile.ZipFile(with_solutions) as zf:
+        names = zf.namelist()
+    solutions = {p.name for p in build.SOLUTIONS.glob("*.ipynb")}
+    assert solutions == {Path(n).name for n in names if "/solutions/" in n}
+
+
+def test_personal_copy_never_overwrites_and_refresh_backs_up(tmp_path):
+    mine = tmp_path / "my-lessons"
+    first = build.personal_copy(folder=mine)
+    lessons = sorted(p.name for p in build.LESSONS.glob("[0-9][0-9]_*.ipynb"))
+    assert sorted(p.name for p in mine.glob("*.ipynb")) == lessons
+    assert len(first) == len(lessons)
+    edited = mine / lessons[0]
+    edited.write_text(edited.read_text() + " ")  # the learner's work
+    assert build.personal_copy(folder=mine) == []
+    assert edited.read_text().endswith(" ")
+    (mine / lessons[-1]).unlink()  # a lesson new to this learner is added
+    assert build.personal_copy(folder=mine) == [f"{lessons[-1]}: fresh copy in my-lessons/"]
+    done = build.personal_copy(refresh=[lessons[0][:2]], folder=mine)
+    assert "moved to my-lessons/backup/" in done[0]
+    assert not edited.read_text().endswith(" ")
+    (backup,) = (mine / "backup").glob("*.ipynb")
+    assert backup.read_text().endswith(" ")
