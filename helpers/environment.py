@@ -45,8 +45,17 @@ class SetupReport:
     settings: dict[str, str] = field(default_factory=dict)
 
     def text(self) -> str:
+        s = self.settings
         lines = [f"seed {self.seed} for: {', '.join(self.seeded)}"]
-        lines += [f"  {k} = {v}" for k, v in self.settings.items()]
+        if "torch deterministic algorithms" in s:
+            lines.append(f"torch: deterministic algorithms {s['torch deterministic algorithms']},"
+                         f" CUBLAS_WORKSPACE_CONFIG={s['CUBLAS_WORKSPACE_CONFIG']}")
+        tf_line = (f"TensorFlow: quiet start (TF_CPP_MIN_LOG_LEVEL={s['TF_CPP_MIN_LOG_LEVEL']}, "
+                   f"TF_ENABLE_ONEDNN_OPTS={s['TF_ENABLE_ONEDNN_OPTS']}), GPU memory grows "
+                   f"on demand (TF_FORCE_GPU_ALLOW_GROWTH={s['TF_FORCE_GPU_ALLOW_GROWTH']})")
+        lines.append(tf_line)
+        if "tensorflow GPU memory" in s:
+            lines.append(f"TensorFlow GPUs: {s['tensorflow GPU memory']}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
