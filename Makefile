@@ -131,6 +131,11 @@ check-lessons: setup
 lint: setup
 	$(BIN)/ruff check .
 
+# launch the DDP training script RUNS times in a row and count failures (not part of `make test`)
+RUNS ?= 30
+stress: setup
+	$(PY) scripts/stress_ddp.py --runs $(RUNS)
+
 bench: setup
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b; done
 

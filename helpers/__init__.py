@@ -43,8 +43,8 @@ _EXPORTS = {
 }
 
 _SUBMODULES = {
-    "build", "data", "device", "environment", "exercises", "fmt", "models", "nvml",
-    "instructor", "progress", "runtime",
+    "build", "checkpoint", "data", "device", "environment", "exercises", "fmt",
+    "instructor", "launch", "models", "nvml", "progress", "runtime",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

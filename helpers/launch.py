@@ -1,0 +1,288 @@
+"""Launch distributed training and capture what it prints (lesson 03, ``make stress``).
+
+* :func:`ddp_plan` decides how many processes to start here: one per GPU, or two CPU
+  processes over gloo when there is no GPU.
+* :func:`torchrun_command` builds the command line, for one node (``--standalone``) or for
+  several nodes with c10d rendezvous, exactly as ``scripts/slurm_ddp.sbatch`` writes it.
+* :func:`run_captured` runs a command and returns its output: under nbval (and ``make
+  outputs``) a child process's output never reaches the notebook unless it is captured.
+* :func:`tf_config` builds the ``TF_CONFIG`` of a MultiWorkerMirroredStrategy worker.
+
+Imports neither torch nor TensorFlow (``ddp_plan()`` asks torch for the GPU count on use).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "SCRIPTS",
+    "DDPPlan",
+    "RunResult",
+    "command_text",
+    "ddp_plan",
+    "free_port",
+    "run_captured",
+    "script_path",
+    "tf_config",
+    "torchrun_command",
+]
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+_ENDPOINT = re.compile(r"^\[?([A-Za-z0-9_.:-]+?)\]?:(\d{1,5})$")
+
+
+def _positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class DDPPlan:
+    """How many processes to start on this machine, on which device, over which backend."""
+
+    nproc_per_node: int
+    device: str  # "cuda" or "cpu"
+    backend: str  # "nccl" or "gloo"
+
+    def text(self) -> str:
+        if self.device == "cuda":
+            return (f"{self.nproc_per_node} process(es), one per GPU, on cuda over "
+                    f"{self.backend}")
+        return (f"{self.nproc_per_node} processes on the CPU over {self.backend} "
+                f"(no GPU here; on a GPU node: one process per GPU over nccl)")
+
+    def __repr__(self) -> str:
+        return self.text()
+
+
+def ddp_plan(n_gpus: int | None = None, *, cpu_processes: int = 2) -> DDPPlan:
+    """One process per GPU over NCCL, or ``cpu_processes`` CPU processes over gloo.
+
+    Args:
+        n_gpus: GPUs to use; ``None`` (default) asks ``torch.cuda.device_count()``.
+        cpu_processes: processes to start when there is no GPU (default 2).
+    """
+    if n_gpus is None:
+        import torch
+
+        n_gpus = torch.cuda.device_count()
+    if isinstance(n_gpus, bool) or not isinstance(n_gpus, int) or n_gpus < 0:
+        raise ValueError(f"n_gpus must be an integer >= 0 or None, got {n_gpus!r}")
+    _positive_int(cpu_processes, "cpu_processes")
+    if n_gpus > 0:
+        return DDPPlan(n_gpus, "cuda", "nccl")
+    return DDPPlan(cpu_processes, "cpu", "gloo")
+
+
+def _check_args(args, name: str) -> list[str]:
+    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
+        raise TypeError(f"{name} must be a list of strings, got {type(args).__name__}")
+    bad = [a for a in args if not isinstance(a, (str, int, float)) or isinstance(a, bool)]
+    if bad:
+        raise TypeError(f"{name} must hold strings (or numbers), got {bad[0]!r}")
+    return [str(a) for a in args]
+
+
+def torchrun_command(
+    script,
+    script_args: Sequence = (),
+    *,
+    nproc_per_node: int,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str | int | None = None,
+    rdzv_backend: str = "c10d",
+) -> list[str]:
+    """The ``torchrun`` command line that starts ``script`` (lesson 03, SLURM script).
+
+    One node without an endpoint gives ``torchrun --standalone --nproc_per_node=N ...``;
+    several nodes need ``rdzv_endpoint`` (``host:port`` of the first node) and ``rdzv_id``
+    (any id shared by all nodes of the job, e.g. the SLURM job id).
+
+    Returns:
+        The command as a list of strings, starting with ``"torchrun"``.
+    """
+    if not isinstance(script, (str, Path)) or not str(script).endswith(".py"):
+        raise ValueError(f"script must be the path of a .py file, got {script!r}")
+    args = _check_args(script_args, "script_args")
+    _positive_int(nproc_per_node, "nproc_per_node")
+    _positive_int(nnodes, "nnodes")
+    if rdzv_backend not in ("c10d", "static", "etcd", "etcd-v2"):
+        raise ValueError(f"rdzv_backend must be 'c10d' (or static, etcd), got {rdzv_backend!r}")
+    if rdzv_endpoint is None:
+        if nnodes > 1:
+            raise ValueError(
+                f"nnodes={nnodes} needs rdzv_endpoint='host:port' (the first node) and an "
+                "rdzv_id shared by every node"
+            )
+        return ["torchrun", "--standalone", f"--nproc_per_node={nproc_per_node}",
+                str(script), *args]
+    match = _ENDPOINT.match(str(rdzv_endpoint))
+    if not match or not 1 <= int(match.group(2)) <= 65535:
+        raise ValueError(f"rdzv_endpoint must look like 'node001:29500', got {rdzv_endpoint!r}")
+    if rdzv_id is None or isinstance(rdzv_id, bool) or str(rdzv_id).strip() == "":
+        raise ValueError("rdzv_id is required with rdzv_endpoint: a job-wide id such as "
+                         "the SLURM job id")
+    return [
+        "torchrun", f"--nnodes={nnodes}", f"--nproc_per_node={nproc_per_node}",
+        f"--rdzv_id={rdzv_id}", f"--rdzv_backend={rdzv_backend}",
+        f"--rdzv_endpoint={rdzv_endpoint}", str(script), *args,
+    ]
+
+
+def command_text(command: Sequence[str]) -> str:
+    """A command list as one shell-quoted line, for printing."""
+    return shlex.join(_check_args(command, "command"))
+
+
+def script_path(name: str) -> str:
+    """The path of ``scripts/<name>`` relative to the working folder (no absolute paths).
+
+    Lessons run with the notebook's folder as working folder, so this is usually
+    ``../scripts/<name>``.
+    """
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ValueError(f"name must be a file name in scripts/, got {name!r}")
+    path = SCRIPTS / name
+    if not path.is_file():
+        known = ", ".join(sorted(p.name for p in SCRIPTS.glob("*") if p.is_file()))
+        raise FileNotFoundError(f"scripts/{name} does not exist; scripts/ holds: {known}")
+    return os.path.relpath(path)
+
+
+def _resolve(command: list[str]) -> list[str]:
+    """Find ``torchrun``/``python`` of *this* environment (the kernel's virtual env)."""
+    exe, rest = command[0], command[1:]
+    if exe == "python":
+        return [sys.executable, *rest]
+    if exe == "torchrun":
+        sibling = Path(sys.executable).with_name("torchrun")
+        if sibling.is_file():
+            return [str(sibling), *rest]
+        found = shutil.which("torchrun")
+        return [found, *rest] if found else [sys.executable, "-m", "torch.distributed.run", *rest]
+    return command
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A finished command: what ran, its exit code, everything it printed, how long it took."""
+
+    command: list[str]
+    returncode: int
+    output: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def check(self) -> RunResult:
+        """Return self, or raise RuntimeError with the output if the command failed."""
+        if not self.ok:
+            raise RuntimeError(
+                f"`{command_text(self.command)}` exited with code {self.returncode}; "
+                f"its output:\n{self.output}"
+            )
+        return self
+
+    def text(self) -> str:
+        return (f"$ {command_text(self.command)}\n{self.output.rstrip()}\n"
+                f"(exit code {self.returncode})")
+
+    def __repr__(self) -> str:
+        return self.text()
+
+
+def run_captured(
+    command: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd=None,
+    timeout: float = 300,
+) -> RunResult:
+    """Run ``command``, wait for it, and return its combined stdout and stderr.
+
+    ``"torchrun"`` and ``"python"`` as the first word mean the ones of this environment.
+    ``env`` is added to the current environment (with ``PYTHONUNBUFFERED=1``). The command
+    runs in its own process group; on timeout the whole group (torchrun and its workers) is
+    killed and TimeoutError raised with the output so far.
+    """
+    cmd = _check_args(command, "command")
+    if not cmd:
+        raise ValueError("command must not be empty")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if env is not None and not isinstance(env, Mapping):
+        raise TypeError(f"env must be a mapping of strings, got {type(env).__name__}")
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for key, value in (env or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"env entries must be strings, got {key!r}: {value!r}")
+        full_env[key] = value
+    if cwd is not None and not Path(cwd).is_dir():
+        raise FileNotFoundError(f"cwd {cwd} is not a folder")
+
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        _resolve(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=full_env, cwd=cwd, start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise TimeoutError(
+            f"`{command_text(cmd)}` did not finish within {timeout} s and was killed; "
+            f"output so far:\n{output[-4000:]}"
+        ) from None
+    return RunResult(cmd, proc.returncode, output, time.perf_counter() - start)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for rendezvous in tests)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tf_config(workers: Sequence[str], index: int, *, task_type: str = "worker") -> dict:
+    """The ``TF_CONFIG`` dict of one MultiWorkerMirroredStrategy worker.
+
+    Args:
+        workers: ``host:port`` of every worker, in the same order on every worker.
+        index: this worker's position in ``workers`` (0 is the chief: it logs and saves).
+        task_type: ``"worker"`` (MultiWorkerMirroredStrategy has no other kind).
+
+    Returns:
+        ``{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": i}}``; set it
+        with ``os.environ["TF_CONFIG"] = json.dumps(...)`` before creating the strategy.
+    """
+    if isinstance(workers, str) or not isinstance(workers, Sequence) or not workers:
+        raise ValueError(f"workers must be a non-empty list of 'host:port', got {workers!r}")
+    for w in workers:
+        match = _ENDPOINT.match(w) if isinstance(w, str) else None
+        if not match or not 1 <= int(match.group(2)) <= 65535:
+            raise ValueError(f"each worker must be host:port, e.g. 'node001:23456'; got {w!r}")
+    if len(set(workers)) != len(workers):
+        raise ValueError(f"workers must be distinct, got {list(workers)}")
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(workers):
+        raise ValueError(f"index must be an integer from 0 to {len(workers) - 1}, got {index!r}")
+    if task_type != "worker":
+        raise ValueError(f"task_type must be 'worker' for MultiWorkerMirroredStrategy, "
+                         f"got {task_type!r}")
+    return {"cluster": {"worker": list(workers)}, "task": {"type": task_type, "index": index}}

@@ -1,0 +1,232 @@
+"""Train a small MLP with DistributedDataParallel; resume automatically from a checkpoint.
+
+Launch with torchrun, one process per GPU (or 2 CPU processes over gloo without a GPU):
+
+    torchrun --standalone --nproc_per_node=2 scripts/ddp_train.py --checkpoint run/ddp.pt
+
+Run it again with the same --checkpoint and it resumes where it stopped. SIGTERM or SIGUSR1
+(what SLURM sends before a time limit or a requeue) makes every process stop after the
+current step; rank 0 saves a checkpoint and the run exits cleanly. --stop-after-steps K
+simulates that: each process sends itself SIGTERM after K steps of this run.
+Without torchrun it runs as one process. Used by lesson 03, make stress and
+scripts/slurm_ddp.sbatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+import helpers
+from helpers.checkpoint import load_checkpoint, save_checkpoint
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+_stop_signal: list[int] = []
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--epochs", type=int, default=2, help="epochs to train in total")
+    p.add_argument("--batch-size", type=int, default=32, help="batch size PER PROCESS")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
+    p.add_argument("--samples", type=int, default=1024, help="synthetic training samples")
+    p.add_argument("--features", type=int, default=32)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--depth", type=int, default=2)
+    p.add_argument("--classes", type=int, default=4)
+    p.add_argument("--noise", type=float, default=6.0, help="spread of the synthetic classes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="save every epoch and on SIGTERM/SIGUSR1; resume from it if it exists")
+    p.add_argument("--stop-after-steps", type=int, default=None, metavar="K",
+                   help="simulate a time limit: every process gets SIGTERM after K steps")
+    p.add_argument("--save-grads", type=Path, default=None,
+                   help="rank 0 saves the averaged gradients of the first step here")
+    p.add_argument("--summary", type=Path, default=None, help="rank 0 writes a JSON summary here")
+    p.add_argument("--amp", choices=["auto", "on", "off"], default="auto",
+                   help="float16 autocast + GradScaler; auto = on for CUDA, off on CPU")
+    args = p.parse_args(argv)
+    for name in ("epochs", "batch_size", "samples", "features", "hidden", "depth", "classes"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    if args.stop_after_steps is not None and (args.stop_after_steps <= 0 or not args.checkpoint):
+        p.error("--stop-after-steps needs a positive K and --checkpoint (where to save)")
+    return args
+
+
+def setup_distributed():
+    """Join the process group torchrun describes (or a group of one without torchrun)."""
+    if "RANK" not in os.environ:  # plain `python ddp_train.py`: a group of one
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(helpers.launch.free_port()))
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def shutdown(code: int = 0):
+    """Leave together and exit without running interpreter teardown.
+
+    Without this, about 9% of gloo runs aborted at exit ("terminate called without an
+    active exception") when a process tore down while its peer still talked to it.
+    """
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def log(rank: int, *parts):
+    if rank == 0:
+        print(*parts, flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rank, world, device = setup_distributed()
+    for sig in STOP_SIGNALS:  # SLURM: time limit near, preemption, requeue
+        signal.signal(sig, lambda signum, frame: _stop_signal.append(signum))
+
+    torch.manual_seed(args.seed)  # same initial weights everywhere (DDP also broadcasts)
+    model = helpers.MLP(args.features, args.hidden, args.depth, args.classes).to(device)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    use_amp = args.amp == "on" or (args.amp == "auto" and device.type == "cuda")
+    scaler = torch.amp.GradScaler(device.type, enabled=use_amp)
+
+    x, y = helpers.classification_data(args.samples, args.features, args.classes,
+                                       seed=args.seed, noise=args.noise)
+    dataset = helpers.torch_dataset(x, y)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
+                                 seed=args.seed, drop_last=True)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    steps_per_epoch = len(loader)
+    log(rank, f"world size {world} on {device.type} ({dist.get_backend()}): "
+              f"{args.batch_size} samples per process per step, global batch "
+              f"{args.batch_size * world}; {steps_per_epoch} steps per epoch, "
+              f"{len(sampler)} of {len(dataset)} samples per process per epoch")
+
+    start_epoch, skip, totals = 0, 0, {"loss_sum": 0.0, "steps": 0}
+    if args.checkpoint is not None and args.checkpoint.is_file():
+        info = load_checkpoint(args.checkpoint, model=ddp, optimizer=optimizer, scaler=scaler,
+                               map_location=device)
+        start_epoch, skip, totals = info.epoch, info.step, dict(info.extra["totals"])
+        if start_epoch >= args.epochs:
+            log(rank, f"{args.checkpoint} has finished all {args.epochs} epochs: nothing to do")
+        else:
+            log(rank, f"resumed from {args.checkpoint}: epoch {start_epoch + 1}, "
+                      f"{skip} of {steps_per_epoch} steps already done")
+
+    def checkpoint(epoch, step):
+        if rank == 0 and args.checkpoint is not None:
+            save_checkpoint(args.checkpoint, model=ddp, optimizer=optimizer, scaler=scaler,
+                            epoch=epoch, step=step, extra={"totals": totals})
+        dist.barrier()  # nobody runs ahead (or exits) before the file is complete
+
+    loss_fn = torch.nn.CrossEntropyLoss()
+    run_steps, samples, busy, losses = 0, 0, 0.0, []
+    stopped_by = None
+    for epoch in range(start_epoch, args.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every process
+        for i, (xb, yb) in enumerate(loader):
+            if i < skip:  # done before the interruption
+                continue
+            t0 = time.perf_counter()
+            xb, yb = xb.to(device), yb.to(device)
+            with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
+                loss = loss_fn(ddp(xb), yb)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()  # DDP all-reduces (averages) gradients here
+            scaler.unscale_(optimizer)
+            if args.save_grads is not None and epoch == 0 and i == 0:
+                save_first_grads(args.save_grads, ddp, sampler, args, rank, world)
+            scaler.step(optimizer)
+            scaler.update()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if run_steps > 0:  # the first step includes one-off set-up costs
+                busy += time.perf_counter() - t0
+                samples += len(xb)
+            run_steps += 1
+            mean_loss = loss.detach().clone()
+            dist.all_reduce(mean_loss)
+            totals["loss_sum"] += mean_loss.item() / world
+            totals["steps"] += 1
+            if args.stop_after_steps is not None and run_steps == args.stop_after_steps:
+                signal.raise_signal(signal.SIGTERM)  # what SLURM would send
+            flag = torch.tensor([len(_stop_signal)], device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # stop together, at the same step
+            if flag.item() > 0:
+                stopped_by = signal.Signals(_stop_signal[0]).name if _stop_signal else "a peer"
+                checkpoint(epoch, i + 1)
+                log(rank, f"{stopped_by} after step {epoch * steps_per_epoch + i + 1}: rank 0 "
+                          f"saved {args.checkpoint} (epoch {epoch + 1}, step {i + 1} of "
+                          f"{steps_per_epoch}); run the same command again to resume")
+                break
+        if stopped_by:
+            break
+        skip = 0
+        losses.append(totals["loss_sum"] / totals["steps"])
+        log(rank, f"epoch {epoch + 1}/{args.epochs}: mean loss {losses[-1]:.4f}")
+        totals = {"loss_sum": 0.0, "steps": 0}
+        checkpoint(epoch + 1, 0)
+        if args.checkpoint is not None:
+            log(rank, f"rank 0 saved {args.checkpoint} (epoch {epoch + 1})")
+
+    rates = [None] * world
+    dist.all_gather_object(rates, {"samples": samples, "seconds": busy})
+    if rank == 0:
+        report(args, world, device, rates, losses, stopped_by)
+    shutdown(0)
+
+
+def save_first_grads(path, ddp, sampler, args, rank, world):
+    """Rank 0 saves the gradients DDP averaged in the first step, and every rank's batch."""
+    first = list(sampler)[: args.batch_size]  # this process's first batch, as the loader saw it
+    batches = [None] * world
+    dist.all_gather_object(batches, first)
+    if rank == 0:
+        grads = {n: p.grad.detach().cpu().clone() for n, p in ddp.module.named_parameters()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        config = {k: getattr(args, k) for k in ("samples", "features", "hidden", "depth",
+                                                "classes", "noise", "seed", "batch_size")}
+        torch.save({"grads": grads, "batches": batches, "config": config}, path)
+
+
+def report(args, world, device, rates, losses, stopped_by):
+    per_rank = [s["samples"] / s["seconds"] if s["seconds"] > 0 else 0.0 for s in rates]
+    if any(per_rank):
+        print("throughput per process (steps after the first):", flush=True)
+        for r, rate in enumerate(per_rank):
+            print(f"  rank {r}: {helpers.fmt_rate(rate)}", flush=True)
+        print(f"  all {world}: {helpers.fmt_rate(sum(per_rank))}", flush=True)
+    if args.summary is not None:
+        args.summary.parent.mkdir(parents=True, exist_ok=True)
+        args.summary.write_text(json.dumps({
+            "world_size": world, "device": device.type, "backend": dist.get_backend(),
+            "batch_per_process": args.batch_size, "global_batch": args.batch_size * world,
+            "epoch_losses": losses, "finished": stopped_by is None, "stopped_by": stopped_by,
+            "samples_per_s": per_rank,
+        }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
