@@ -40,6 +40,23 @@ _EXPORTS = {
     "count_parameters": "models",
     "headless": "runtime",
     "reveal": "instructor",
+    # lesson 03: launching distributed runs, saving and resuming training
+    "DDPPlan": "launch",
+    "RunResult": "launch",
+    "command_text": "launch",
+    "ddp_plan": "launch",
+    "free_port": "launch",
+    "run_captured": "launch",
+    "script_path": "launch",
+    "tf_config": "launch",
+    "torchrun_command": "launch",
+    "CheckpointInfo": "checkpoint",
+    "load_checkpoint": "checkpoint",
+    "read_checkpoint": "checkpoint",
+    "rng_state": "checkpoint",
+    "save_checkpoint": "checkpoint",
+    "set_rng_state": "checkpoint",
+    "unwrap": "checkpoint",
 }
 
 _SUBMODULES = {
