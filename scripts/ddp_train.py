@@ -94,6 +94,13 @@ def shutdown(code: int = 0):
     os._exit(code)
 
 
+def stop_requested(device) -> bool:
+    """True on every process as soon as any one got SIGTERM/SIGUSR1: all stop at one step."""
+    flag = torch.tensor([len(_stop_signal)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() > 0
+
+
 def log(rank: int, *parts):
     if rank == 0:
         print(*parts, flush=True)
@@ -172,9 +179,7 @@ def main(argv=None):
             totals["steps"] += 1
             if args.stop_after_steps is not None and run_steps == args.stop_after_steps:
                 signal.raise_signal(signal.SIGTERM)  # what SLURM would send
-            flag = torch.tensor([len(_stop_signal)], device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # stop together, at the same step
-            if flag.item() > 0:
+            if stop_requested(device):
                 stopped_by = signal.Signals(_stop_signal[0]).name if _stop_signal else "a peer"
                 checkpoint(epoch, i + 1)
                 log(rank, f"{stopped_by} after step {epoch * steps_per_epoch + i + 1}: rank 0 "
