@@ -17,7 +17,7 @@ def distinctive_lines(ex, solution_nb):
         [c.source for i, c in enumerate(solution_nb.cells) if i != ex.cell_index] + [ex.stub]
     )
     lines = {line.strip() for line in ex.solution.splitlines()}
-    return sorted(s for s in lines if len(s) >= 12 and s not in others and not s.startswith("#"))
+    return sorted(s for s in lines if len(s) >= 20 and s not in others and not s.startswith("#"))
 
 
 @pytest.fixture(scope="module")
