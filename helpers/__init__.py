@@ -57,11 +57,19 @@ _EXPORTS = {
     "save_checkpoint": "checkpoint",
     "set_rng_state": "checkpoint",
     "unwrap": "checkpoint",
+    # monitoring (lesson 04)
+    "MemoryGauge": "gauge",
+    "MemoryReading": "gauge",
+    "GpuWatch": "gauge",
+    "read_memory": "gauge",
+    "watch_gpus": "gauge",
+    "LivePlot": "liveplot",
+    "LivePlotSummary": "liveplot",
 }
 
 _SUBMODULES = {
-    "build", "checkpoint", "data", "device", "environment", "exercises", "fmt",
-    "instructor", "launch", "models", "nvml", "progress", "runtime",
+    "build", "checkpoint", "data", "device", "environment", "exercises", "fmt", "gauge",
+    "instructor", "launch", "liveplot", "models", "nvml", "progress", "runtime",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

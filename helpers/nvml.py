@@ -10,7 +10,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-__all__ = ["GpuMemory", "GpuInfo", "nvml_status", "list_gpus", "gpu_memory", "gpu_utilization"]
+__all__ = [
+    "GpuMemory", "GpuInfo", "GpuProcess", "GpuStatus", "nvml_status", "list_gpus", "gpu_count",
+    "gpu_memory", "gpu_utilization", "gpu_status", "gpu_processes",
+]
 
 _lock = threading.Lock()
 _state: dict[str, object] = {"initialised": False, "error": None}
@@ -103,10 +106,7 @@ def gpu_memory(index: int = 0) -> GpuMemory | None:
     nv = _init()
     if nv is None:
         return None
-    count = nv.nvmlDeviceGetCount()
-    if index >= count:
-        raise ValueError(f"there is no GPU {index}: NVML sees {count} GPU(s)")
-    handle = nv.nvmlDeviceGetHandleByIndex(index)
+    handle = _handle(nv, index)
     total, used, free, reserved = _memory_info(nv, handle)
     return GpuMemory(index, total, used, free, reserved)
 
@@ -116,6 +116,99 @@ def gpu_utilization(index: int = 0) -> tuple[int, int] | None:
     nv = _init()
     if nv is None:
         return None
-    handle = nv.nvmlDeviceGetHandleByIndex(index)
+    handle = _handle(nv, index)
     rates = nv.nvmlDeviceGetUtilizationRates(handle)
     return int(rates.gpu), int(rates.memory)
+
+
+def gpu_count() -> int:
+    """How many GPUs NVML sees; 0 without NVML."""
+    nv = _init()
+    return 0 if nv is None else int(nv.nvmlDeviceGetCount())
+
+
+@dataclass(frozen=True)
+class GpuStatus:
+    """One row of ``nvidia-smi``: memory, utilisation, temperature and power of one GPU.
+
+    Fields the driver does not report (fans on passive cards, power on some boards) are None.
+    """
+
+    index: int
+    name: str
+    memory: GpuMemory
+    gpu_util_pct: int | None = None
+    memory_util_pct: int | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+
+
+def _optional(nv, fn, *args):
+    try:
+        return fn(*args)
+    except nv.NVMLError:  # NOT_SUPPORTED, NO_PERMISSION, ...
+        return None
+
+
+def _handle(nv, index):
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"index must be a GPU number >= 0, got {index!r}")
+    count = nv.nvmlDeviceGetCount()
+    if index >= count:
+        raise ValueError(f"there is no GPU {index}: NVML sees {count} GPU(s)")
+    return nv.nvmlDeviceGetHandleByIndex(index)
+
+
+def gpu_status(index: int = 0) -> GpuStatus | None:
+    """Memory, utilisation, temperature and power of GPU ``index`` in one call (lesson 04's
+    watch view); None without NVML.  Never lists processes (that query is slow)."""
+    nv = _init()
+    if nv is None:
+        return None
+    handle = _handle(nv, index)
+    name = nv.nvmlDeviceGetName(handle)
+    if isinstance(name, bytes):
+        name = name.decode()
+    total, used, free, reserved = _memory_info(nv, handle)
+    rates = _optional(nv, nv.nvmlDeviceGetUtilizationRates, handle)
+    temp = _optional(nv, nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
+    power = _optional(nv, nv.nvmlDeviceGetPowerUsage, handle)  # milliwatts
+    limit = _optional(nv, nv.nvmlDeviceGetEnforcedPowerLimit, handle)
+    return GpuStatus(
+        index=index,
+        name=str(name),
+        memory=GpuMemory(index, total, used, free, reserved),
+        gpu_util_pct=None if rates is None else int(rates.gpu),
+        memory_util_pct=None if rates is None else int(rates.memory),
+        temperature_c=None if temp is None else int(temp),
+        power_w=None if power is None else power / 1000.0,
+        power_limit_w=None if limit is None else limit / 1000.0,
+    )
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process on a GPU; ``used_bytes`` is None where the driver hides it
+    (containers without the host PID namespace, Windows WDDM)."""
+
+    pid: int
+    used_bytes: int | None
+
+
+def gpu_processes(index: int = 0) -> list[GpuProcess] | None:
+    """The compute processes on GPU ``index`` and their memory; None without NVML or when
+    the driver refuses.  Slow-ish (milliseconds): callers throttle it, never poll it per tick."""
+    nv = _init()
+    if nv is None:
+        return None
+    handle = _handle(nv, index)
+    try:
+        procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)
+    except nv.NVMLError:
+        return None
+    out = []
+    for p in procs:
+        used = getattr(p, "usedGpuMemory", None)
+        out.append(GpuProcess(int(p.pid), None if used is None else int(used)))
+    return out

@@ -1,0 +1,241 @@
+"""Live training plot: recording, downsampling, throttling, threads, Keras (lesson 04)."""
+
+import io
+import math
+import threading
+
+import pytest
+
+import helpers
+from helpers import gauge, liveplot
+from helpers.fmt import GiB, MiB
+from helpers.liveplot import LivePlot, _Series
+
+
+class StandInVGPU:
+    name = "test"
+    capacity_bytes = GiB
+    allocated_bytes = 64 * MiB
+    reserved_bytes = 96 * MiB
+    context_bytes = 32 * MiB
+
+
+@pytest.fixture(autouse=True)
+def no_pollers_left():
+    yield
+    gauge._stop_poller("gauge")
+
+
+def test_series_merges_buckets_and_keeps_means_and_maxima():
+    mean, peak, rate = _Series(8, "mean"), _Series(8, "max"), _Series(8, "rate")
+    for i in range(1000):
+        mean.add(i, float(i))
+        peak.add(i, float(i % 7))
+        rate.add(i, 10, 0.5)  # 10 samples in 0.5 s = 20/s
+    for s in (mean, peak, rate):
+        assert 4 <= len(s) <= 8
+    xs, ys = mean.arrays()
+    assert xs == ys  # mean of steps == mean of values when value == step
+    assert sum(n * y for n, y in zip(mean.n, ys, strict=True)) / 1000 == pytest.approx(499.5)
+    assert max(peak.arrays()[1]) == 6.0
+    assert set(rate.arrays()[1]) == {20.0}
+
+
+def test_draw_cost_does_not_grow_with_history():
+    """The figure never holds more than max_points per line: after 10,000 steps a redraw
+    handles as many points as after 100 (benchmarks/widgets.py times it)."""
+    plot = LivePlot(gauge=False, max_points=50, show=False)
+    for i in range(10_000):
+        plot.step(loss=1.0 / (i + 1), samples=32)
+    plot.png()
+    assert len(plot._lines["loss"].get_xdata()) <= 50
+    assert len(plot._lines["rate"].get_xdata()) <= 51
+    assert len(plot.history["loss"]) == 10_000
+
+
+def test_summary_line_is_deterministic_apart_from_measured_numbers():
+    plot = LivePlot("t", gauge=helpers.MemoryGauge(StandInVGPU()), show=False)
+    for i, loss in enumerate([2.0, 1.5, 1.0, 1.25]):
+        plot.step(loss=loss, samples=8, step=10 * i)
+    s = plot.close()
+    assert s.steps == 4 and (s.first_loss, s.last_loss, s.lowest_loss) == (2.0, 1.25, 1.0)
+    text = s.text()
+    assert text.startswith("LivePlot: 4 steps, loss 2.000 -> 1.250 (lowest 1.000), ~")
+    assert "highest memory seen ~128.0 MiB (vGPU, used)" in text
+    assert text.endswith("% of training time")
+    assert repr(s) == text
+    assert plot.history["step"] == [0, 10, 20, 30]
+    with pytest.raises(RuntimeError, match="closed"):
+        plot.step(loss=1.0)
+
+
+def test_tensor_losses_are_detached_and_converted_in_one_batch():
+    import torch
+
+    plot = LivePlot(gauge=False, show=False)
+    w = torch.ones(3, requires_grad=True)
+    for i in range(5):
+        loss = (w * i).sum()
+        plot.step(loss=loss)
+    assert all(isinstance(v, torch.Tensor) and not v.requires_grad
+               for v in plot._losses)  # no .item() (a GPU sync) per step
+    assert plot.history["loss"] == [0.0, 3.0, 6.0, 9.0, 12.0]
+
+
+def test_steps_without_loss_or_samples_are_fine():
+    plot = LivePlot(gauge=False, show=False)
+    for _ in range(3):
+        plot.step()
+    s = plot.summary()
+    assert s.steps == 3 and s.first_loss is None and s.samples_per_second is None
+    assert math.isnan(plot.history["loss"][0])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"min_interval": 0.01}, "min_interval"),
+    ({"budget": 0}, "budget"),
+    ({"budget": 0.9}, "budget"),
+    ({"max_points": 5}, "max_points"),
+    ({"gauge": "yes"}, "gauge"),
+    ({"show": 1}, "show"),
+])
+def test_bad_settings_are_rejected(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        LivePlot(**kwargs)
+
+
+def test_bad_steps_are_rejected():
+    plot = LivePlot(gauge=False, show=False)
+    with pytest.raises(ValueError, match="samples"):
+        plot.step(loss=1.0, samples=-1)
+    with pytest.raises(TypeError, match="step"):
+        plot.step(loss=1.0, step=1.5)
+    with pytest.raises(TypeError, match="title"):
+        LivePlot(3)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_redraws_are_throttled_by_time_and_budget(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(liveplot.time, "perf_counter", clock)
+    plot = LivePlot(gauge=False, show=False, min_interval=0.5, budget=0.01)
+    plot._live = True
+    draws = []
+
+    def fake_draw(state="running"):  # a redraw that takes 20 ms
+        draws.append(clock.now)
+        clock.now += 0.02
+        plot._next_draw = clock.now + max(plot.min_interval, 0.02 / plot.budget)
+
+    monkeypatch.setattr(plot, "_draw", fake_draw)
+    for _ in range(10_000):  # 10 s of 1 ms steps
+        plot.step(loss=1.0, samples=1)
+        clock.now += 0.001
+    # first redraw after min_interval, then every 2 s (20 ms / 1%): 5 redraws, not 20
+    assert len(draws) == 5
+    assert all(b - a >= 2.0 for a, b in zip(draws, draws[1:], strict=False))
+
+
+def test_matplotlib_is_only_touched_from_the_main_thread(monkeypatch):
+    plot = LivePlot(gauge=False, show=False, min_interval=0.1)
+    plot._live = True
+    threads = []
+    monkeypatch.setattr(plot, "_draw", lambda state="running": threads.append(
+        threading.current_thread()))
+    plot._next_draw = 0.0
+    plot.step(loss=1.0)  # first step schedules the first redraw
+    plot._next_draw = 0.0
+
+    def worker():
+        for _ in range(100):
+            plot.step(loss=1.0)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert threads == []
+    errors = []
+
+    def draw_elsewhere():
+        try:
+            plot.png()
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    t = threading.Thread(target=draw_elsewhere)
+    t.start()
+    t.join()
+    assert errors and "main thread" in errors[0]
+    plot.step(loss=1.0)
+    assert threads == [threading.main_thread()]
+
+
+def test_png_paints_its_own_white_background():
+    from PIL import Image
+
+    plot = LivePlot(gauge=helpers.MemoryGauge(StandInVGPU()), show=False)
+    for i in range(20):
+        plot.step(loss=1.0 / (i + 1), samples=4)
+    image = Image.open(io.BytesIO(plot.png())).convert("RGBA")
+    assert image.getpixel((1, 1)) == (255, 255, 255, 255)
+    assert image.size[0] <= 600  # small enough to store in a notebook
+
+
+def test_own_cost_is_measured_and_split_between_plot_and_gauge():
+    g = helpers.MemoryGauge(StandInVGPU())
+    plot = LivePlot(gauge=g, show=False)
+    for _ in range(2000):
+        plot.step(loss=1.0, samples=1)
+    s = plot.summary()
+    assert s.plot_share > 0 and s.gauge_share >= 0
+    assert s.overhead_share == pytest.approx(s.plot_share + s.gauge_share)
+
+
+def test_live_mode_builds_one_widget_and_updates_it_in_place(monkeypatch):
+    monkeypatch.setattr(liveplot, "headless", lambda: False)
+    monkeypatch.setattr(gauge, "headless", lambda: False)
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *a, **k: shown.append(a))
+    plot = LivePlot("live", min_interval=0.1)
+    assert len(shown) == 1 and shown[0][0] is plot
+    assert "gl-liveplot" in plot._widget._dom_classes
+    first = plot._image.value
+    for i in range(50):
+        plot.step(loss=1.0 / (i + 1), samples=4)
+    plot.close()
+    assert len(shown) == 1  # still one output: the image was replaced, not appended
+    assert plot._image.value != first
+    assert 'data-state="done"' in plot._status.value
+    assert 'data-steps="50"' in plot._status.value
+    bundle = plot._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+
+
+def test_keras_callback_records_every_batch():
+    from helpers.environment import quiet_tensorflow_env
+
+    quiet_tensorflow_env()
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    x = np.random.default_rng(0).normal(size=(96, 4)).astype("float32")
+    y = (x.sum(axis=1) > 0).astype("int64")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer="adam",
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    plot = LivePlot(gauge=False, show=False)
+    model.fit(x, y, batch_size=32, epochs=2, verbose=0,
+              callbacks=[plot.keras_callback(batch_size=32)])
+    s = plot.close()
+    assert s.steps == 6 and s.first_loss is not None
+    assert plot.history["samples"] == [32] * 6
+    with pytest.raises(ValueError, match="batch_size"):
+        plot.keras_callback(batch_size=0)
