@@ -105,6 +105,7 @@ class LivePlotSummary:
     samples_per_second: float | None
     peak_memory_bytes: int | None
     memory_label: str | None
+    memory_total_bytes: int | None
     overhead_share: float  # plot + gauge time / training time
     plot_share: float
     gauge_share: float
@@ -118,8 +119,8 @@ class LivePlotSummary:
                          f"(lowest {self.lowest_loss:.3f})")
         if self.samples_per_second is not None:
             parts.append(fmt_rate(self.samples_per_second))
-        if self.peak_memory_bytes is not None:
-            unit, scale = ("GiB", GiB) if self.peak_memory_bytes >= GiB else ("MiB", MiB)
+        if self.peak_memory_bytes is not None:  # the unit follows the device, not the value
+            unit, scale = ("GiB", GiB) if self.memory_total_bytes >= GiB else ("MiB", MiB)
             parts.append(f"highest memory seen ~{self.peak_memory_bytes / scale:.1f} {unit} "
                          f"({self.memory_label})")
         parts.append(f"plot+gauge cost ~{100 * self.overhead_share:.2f}% of training time")
@@ -475,6 +476,7 @@ class LivePlot:
             samples_per_second=rate,
             peak_memory_bytes=peak,
             memory_label=f"{label}, {what}" if label else None,
+            memory_total_bytes=self.gauge.reading.total_bytes if label else None,
             overhead_share=(plot_busy + gauge_busy) / span,
             plot_share=plot_busy / span,
             gauge_share=gauge_busy / span,

@@ -61,7 +61,7 @@ def test_summary_line_is_deterministic_apart_from_measured_numbers():
     assert s.steps == 4 and (s.first_loss, s.last_loss, s.lowest_loss) == (2.0, 1.25, 1.0)
     text = s.text()
     assert text.startswith("LivePlot: 4 steps, loss 2.000 -> 1.250 (lowest 1.000), ~")
-    assert "highest memory seen ~128.0 MiB (vGPU, used)" in text
+    assert "highest memory seen ~0.1 GiB (vGPU, used)" in text
     assert text.endswith("% of training time")
     assert repr(s) == text
     assert plot.history["step"] == [0, 10, 20, 30]
