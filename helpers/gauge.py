@@ -521,6 +521,7 @@ class _LiveView:
 
     _kind = "view"
     min_interval = MIN_POLL_INTERVAL
+    budget = 0.005  # share of the time updates may take; slow updates are spaced out
 
     def _init_view(self):
         self._lock = threading.RLock()
@@ -562,8 +563,8 @@ class _LiveView:
             cost = time.perf_counter() - t0
             self.busy_seconds += cost
             self.updates += 1
-            # redraw at most every min_interval, and spend at most ~0.5% of the time here
-            self._next = t0 + max(self.min_interval, cost / 0.005)
+            # redraw at most every min_interval, and spend at most `budget` of the time here
+            self._next = t0 + max(self.min_interval, cost / self.budget)
         return self._value()
 
     def start(self, interval: float = 0.5) -> None:
@@ -581,7 +582,7 @@ class _LiveView:
         return poller is not None and poller.fn.__self__ is self and poller.is_alive()
 
     def _poll(self):
-        self.update(force=True)
+        self.update()  # throttled like any update: a slow front end slows the poller
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         widget = self.widget()

@@ -14,20 +14,22 @@ Design, so that watching never slows training down noticeably:
 
 * ``step()`` only appends to lists (a few microseconds).  Losses given as tensors are
   converted in one batch when the figure is drawn, not one ``.item()`` sync per step.
-* Redraws are throttled by time: at most every ``min_interval`` seconds, and rarer when a
-  redraw is slow, so redrawing takes at most ``budget`` (1%) of the training time.
+* Redraws are throttled by time: at most every ``min_interval`` seconds, and only while the
+  redraws fit in ``budget`` (1%) of the training time.
 * Drawn series are downsampled into at most ``max_points`` buckets (neighbours merge when
   full), so a redraw costs the same after 100 steps or 10 million.
-* Matplotlib is only used from the kernel's main thread, through its object API (no pyplot
-  state); the figure paints its own white background, so it reads in dark themes too.
+* Live frames are inline SVG in one ``ipywidgets.HTML`` (a few milliseconds each, replaced in
+  place: one output, no flicker; text and grid follow the light or dark theme).  Matplotlib
+  draws only the final static PNG, from the kernel's main thread, through its object API
+  (no pyplot state), on its own white background.
 
-In JupyterLab / Notebook 7 the plot is an ``ipywidgets.Image`` replaced in place (one output,
-no flicker).  Headless (nbval, nbconvert, scripts) nothing is drawn during training;
-``close()`` shows the final PNG and returns a deterministic one-line summary.
+Headless (nbval, nbconvert, scripts) nothing is drawn during training; ``close()`` shows the
+final PNG and returns a deterministic one-line summary.
 """
 
 from __future__ import annotations
 
+import html as _html
 import io
 import math
 import sys
@@ -42,6 +44,32 @@ __all__ = ["LivePlot", "LivePlotSummary"]
 
 RATE_WINDOW = 0.2  # seconds of training per samples/s point
 _COLOURS = {"loss": "#0072B2", "used": "#CC79A7", "tensors": "#0072B2", "rate": "#009E73"}
+_SVG_TEXT = "var(--jp-ui-font-color1, #212121)"
+_SVG_GRID = "var(--jp-border-color2, #d0d0d0)"
+
+
+def _tick(value: float) -> str:
+    """A short axis label: 0, 0.25, 1.5, 120, 4.5k, 2M."""
+    a = abs(value)
+    if a >= 1e6:
+        return f"{value / 1e6:.3g}M"
+    if a >= 1e4:
+        return f"{value / 1e3:.3g}k"
+    if a >= 100:
+        return f"{value:.0f}"
+    return f"{value:.3g}"
+
+
+def _nice(value: float) -> float:
+    """A round number >= value (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of
+    ten): axis limits that leave little empty space yet change rarely."""
+    if not math.isfinite(value) or value <= 0:
+        return 1.0
+    power = 10.0 ** math.floor(math.log10(value))
+    for m in (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
+        if m * power >= value * (1 - 1e-12):
+            return m * power
+    return 10 * power  # pragma: no cover
 
 
 class _Series:
@@ -163,6 +191,8 @@ class LivePlot:
 
     Args:
         title: a title for the figure.
+        total: the number of steps you expect, if known: the x-axis spans it from the start
+            (live frames stay cheap, and you see how far training has come).
         gauge: ``True`` (default) creates a :class:`helpers.MemoryGauge` shown above the plot
             and plots its readings; pass an existing gauge to plot its readings (it is not
             shown twice), or ``False`` for no memory panel.
@@ -173,8 +203,9 @@ class LivePlot:
         show: display the plot now (in a live notebook).
     """
 
-    def __init__(self, title: str = "", *, gauge=True, min_interval: float = 0.5,
-                 budget: float = 0.01, max_points: int = 400, show: bool = True):
+    def __init__(self, title: str = "", *, total: int | None = None, gauge=True,
+                 min_interval: float = 0.5, budget: float = 0.01, max_points: int = 400,
+                 show: bool = True):
         from .gauge import MemoryGauge
 
         if not isinstance(title, str):
@@ -194,6 +225,10 @@ class LivePlot:
             raise ValueError(f"budget is a share of the training time (<= 0.5), got {budget}")
         if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 20:
             raise ValueError(f"max_points must be an integer >= 20, got {max_points!r}")
+        if total is not None and (isinstance(total, bool) or not isinstance(total, int)
+                                  or total < 1):
+            raise ValueError(f"total must be a positive int (the expected steps), got {total!r}")
+        self.total = total
         if not isinstance(show, bool):
             raise TypeError(f"show must be True or False, got {show!r}")
         self.title = title
@@ -219,12 +254,14 @@ class LivePlot:
         self._next_draw = 0.0
         self._next_memory = 0.0
         self.redraws = 0
-        self.draw_seconds = 0.0
+        self.draw_seconds = 0.0  # all redraws, including the first and the final one
+        self._train_draw_seconds = 0.0  # redraws during training (the budget's share)
+        self._last_cost = 0.0
+        self._live_limits: dict = {}
         self.closed = False
         self._fig = None
         self._widget = None
-        self._image = None
-        self._status = None
+        self._frame_widget = None
         self._handle = None
         self._live = not headless()
         if show and self._live:
@@ -258,7 +295,8 @@ class LivePlot:
         self._samples.append(samples or 0)
         if self.gauge is not None and t0 >= self._next_memory:
             g0 = time.perf_counter()
-            reading = self.gauge.update()
+            # a polling gauge is fresh already; otherwise update it (it throttles itself)
+            reading = self.gauge.reading if self.gauge.polling else self.gauge.update()
             self._gauge_in_step += time.perf_counter() - g0
             if reading is not self._last_reading:
                 self._last_reading = reading
@@ -267,8 +305,8 @@ class LivePlot:
         if len(self._losses) - self._flushed > 4096:  # bound pending tensors, one sync
             self._flush()
         if t0 >= self._next_draw:
-            if len(self._steps) == 1:  # first step: draw after min_interval of training
-                self._next_draw = t0 + self.min_interval
+            if len(self._steps) == 1:  # training starts: the budget counts from here
+                self._schedule(t0)
             elif self._live and threading.current_thread() is threading.main_thread():
                 self._draw()
         self._busy += time.perf_counter() - t0
@@ -298,87 +336,187 @@ class LivePlot:
         self._mem_flushed = len(self._mem)
 
     # ------------------------------------------------------------------ drawing
+    @property
+    def _panels(self) -> list[str]:
+        return ["loss", "memory", "rate"] if self.gauge is not None else ["loss", "rate"]
+
+    def _memory_unit(self) -> tuple[str, int]:
+        reading = self.gauge.reading
+        return ("GiB", GiB) if reading.total_bytes >= GiB else ("MiB", MiB)
+
+    def _line_data(self) -> dict[str, tuple[list[float], list[float]]]:
+        """The downsampled lines (at most max_points each), memory in the gauge's unit."""
+        data = {"loss": self._loss_series.arrays()}
+        xs, ys = self._rate_series.arrays()
+        acc = self._rate_acc
+        if acc[3] > 0:  # the window still filling
+            xs, ys = xs + [acc[0] / acc[1]], ys + [acc[2] / acc[3]]
+        data["rate"] = (xs, ys)
+        if self.gauge is not None:
+            scale = self._memory_unit()[1]
+            for name, series in (("used", self._used_series), ("part", self._part_series)):
+                xs, ys = series.arrays()
+                data[name] = (xs, [y / scale for y in ys])
+        return data
+
+    def _memory_lines(self) -> list[tuple[str, str, str]]:
+        """(data key, legend label, colour) of the memory panel's lines."""
+        reading = self.gauge.reading
+        part = (reading.bands[0][0], _COLOURS["tensors"])
+        if reading.label == "RAM":  # "used" is the whole machine, other users too
+            return [("part", "this process", part[1])]
+        return [("used", "used (all processes)", _COLOURS["used"]), ("part", *part)]
+
+    def _limits(self, data) -> dict[str, tuple[float, float]]:
+        """y-limits per panel and the shared x-limit ("x"): round numbers that never shrink
+        during a run, so the picture does not jump around."""
+        limits = {}
+        x_hi = max((max(xs) for xs, _ in data.values() if xs), default=1.0)
+        old = self._live_limits
+        limits["x"] = (0.0, max(self.total or 0, _nice(x_hi * 1.05), old.get("x", (0, 0))[1]))
+        for name in self._panels:
+            keys = ("used", "part") if name == "memory" else (name,)
+            values = [v for key in keys for v in data[key][1] if math.isfinite(v)]
+            lo = min(0.0, min(values, default=0.0))
+            lo = -_nice(-lo) if lo < 0 else 0.0
+            hi = _nice(max(values, default=0.0) * 1.05)
+            if name in old:
+                lo, hi = min(lo, old[name][0]), max(hi, old[name][1])
+            limits[name] = (lo, hi)
+        self._live_limits = limits
+        return limits
+
+    def svg(self) -> str:
+        """The live figure as inline SVG: a few milliseconds whatever the history, and its
+        text and grid follow the JupyterLab theme (light or dark)."""
+        self._flush()
+        data = self._line_data()
+        limits = self._limits(data)
+        width, left, right, panel_h, gap, top = 640, 56, 12, 110, 26, 22
+        height = top + len(self._panels) * (panel_h + gap) + 8
+        x0, x1 = limits["x"]
+        plot_w = width - left - right
+
+        def px(x):
+            return left + plot_w * (x - x0) / (x1 - x0)
+
+        esc = _html.escape
+        out = [
+            f'<svg class="gl-liveplot-svg" viewBox="0 0 {width} {height}" width="{width}" '
+            f'height="{height}" style="max-width:100%;height:auto;font-family:'
+            f'var(--jp-ui-font-family,sans-serif);font-size:10px;fill:{_SVG_TEXT}">',
+            f'<text x="{width / 2}" y="14" text-anchor="middle" style="font-size:12px">'
+            f"{esc(self.title or 'training')}</text>",
+        ]
+        for i, name in enumerate(self._panels):
+            y_top = top + i * (panel_h + gap)
+            lo, hi = limits[name]
+
+            def py(y, y_top=y_top, lo=lo, hi=hi):
+                return y_top + panel_h * (1 - (y - lo) / (hi - lo))
+
+            out.append(f'<rect x="{left}" y="{y_top}" width="{plot_w}" height="{panel_h}" '
+                       f'style="fill:none;stroke:{_SVG_GRID}"/>')
+            for frac in (0.0, 0.5, 1.0):  # y ticks
+                value = lo + frac * (hi - lo)
+                y = py(value)
+                out.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
+                           f'style="stroke:{_SVG_GRID};stroke-width:0.5"/>'
+                           f'<text x="{left - 4}" y="{y + 3:.1f}" text-anchor="end">'
+                           f"{_tick(value)}</text>")
+            if name == "memory":
+                unit = self._memory_unit()[0]
+                lines = self._memory_lines()
+                label = f"memory ({unit})"
+                reading = self.gauge.reading
+                out.append(f'<text x="{left + 4}" y="{y_top - 4}" style="font-size:9px">'
+                           f"{esc(reading.label)}: {esc(reading.source)}</text>")
+            else:
+                lines = [(name, "", _COLOURS[name])]
+                label = "loss" if name == "loss" else "samples/s"
+            out.append(f'<text transform="translate(12,{y_top + panel_h / 2}) rotate(-90)" '
+                       f'text-anchor="middle">{label}</text>')
+            legend_x = left + 8
+            for key, legend, colour in lines:
+                xs, ys = data[key]
+                xy = [(px(x), py(y)) for x, y in zip(xs, ys, strict=True) if math.isfinite(y)]
+                points = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+                dash = "stroke-dasharray:5 3;" if key == "part" else ""
+                out.append(f'<polyline class="gl-line-{key}" points="{points}" style="fill:none;'
+                           f'stroke:{colour};stroke-width:1.6;{dash}"/>')
+                if xy:  # the latest value as a dot (visible even with a single point)
+                    out.append(f'<circle cx="{xy[-1][0]:.1f}" cy="{xy[-1][1]:.1f}" r="2.5" '
+                               f'style="fill:{colour}"/>')
+                if legend:
+                    out.append(f'<text x="{legend_x}" y="{y_top + 12}" style="fill:{colour}">'
+                               f"{esc(legend)}</text>")
+                    legend_x += 7 * len(legend) + 16
+        bottom = top + len(self._panels) * (panel_h + gap) - gap
+        for frac in (0.0, 0.25, 0.5, 0.75, 1.0):  # shared x ticks under the last panel
+            x = x0 + frac * (x1 - x0)
+            out.append(f'<text x="{px(x):.1f}" y="{bottom + 12}" text-anchor="middle">'
+                       f"{_tick(x)}</text>")
+        out.append(f'<text x="{left + plot_w / 2}" y="{bottom + 23}" text-anchor="middle">'
+                   "step</text></svg>")
+        return "".join(out)
+
     def _figure(self):
         if self._fig is None:
             from matplotlib.backends.backend_agg import FigureCanvasAgg
             from matplotlib.figure import Figure
 
-            n = 3 if self.gauge is not None else 2
+            n = len(self._panels)
             fig = Figure(figsize=(7.0, 1.7 * n + 0.6), dpi=72, facecolor="white")
             FigureCanvasAgg(fig)
             axes = fig.subplots(n, 1, sharex=True)
             fig.subplots_adjust(left=0.11, right=0.97, top=0.93, bottom=0.1, hspace=0.28)
-            self._ax = dict(zip(["loss", "memory", "rate"] if n == 3 else ["loss", "rate"],
-                                axes, strict=True))
-            self._lines = {}
-            for ax in self._ax.values():
+            self._ax = dict(zip(self._panels, axes, strict=True))
+            for ax in axes:
                 ax.set_facecolor("white")
                 ax.grid(True, color="#dddddd", linewidth=0.6)
                 ax.tick_params(labelsize=8, colors="#333333")
-            self._lines["loss"], = self._ax["loss"].plot([], [], color=_COLOURS["loss"])
             self._ax["loss"].set_ylabel("loss", fontsize=9)
-            self._lines["rate"], = self._ax["rate"].plot([], [], color=_COLOURS["rate"])
             self._ax["rate"].set_ylabel("samples/s", fontsize=9)
             self._ax["rate"].set_xlabel("step", fontsize=9)
-            if "memory" in self._ax:
-                self._lines["used"], = self._ax["memory"].plot(
-                    [], [], color=_COLOURS["used"], label="used (all processes)")
-                self._lines["part"], = self._ax["memory"].plot(
-                    [], [], color=_COLOURS["tensors"], linestyle="--")
-                self._legend_for = None
             fig.suptitle(self.title or "training", fontsize=10)
             self._fig = fig
         return self._fig
 
-    def _update_artists(self) -> None:
-        self._figure()
-        xs, ys = self._loss_series.arrays()
-        self._lines["loss"].set_data(xs, ys)
-        xs, ys = self._rate_series.arrays()
-        acc = self._rate_acc
-        if acc[3] > 0:  # the window still filling
-            xs, ys = xs + [acc[0] / acc[1]], ys + [acc[2] / acc[3]]
-        self._lines["rate"].set_data(xs, ys)
-        if "memory" in self._ax and self.gauge is not None:
+    def png(self) -> bytes:
+        """The whole run as a static PNG (matplotlib; main thread only).  Headless runs show
+        it when the plot closes; it paints its own white background."""
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("matplotlib is only used from the main thread; call png() there")
+        self._flush()
+        fig = self._figure()
+        data = self._line_data()
+        for ax in self._ax.values():
+            for line in list(ax.lines):
+                line.remove()
+        self._ax["loss"].plot(*data["loss"], color=_COLOURS["loss"])
+        self._ax["rate"].plot(*data["rate"], color=_COLOURS["rate"])
+        if "memory" in self._ax:
+            ax = self._ax["memory"]
+            for key, legend, colour in self._memory_lines():
+                ax.plot(*data[key], color=colour, label=legend,
+                        linestyle="--" if key == "part" else "-")
+            ax.legend(loc="upper left", fontsize=7, frameon=False)
             reading = self.gauge.reading
-            unit, scale = ("GiB", GiB) if reading.total_bytes >= GiB else ("MiB", MiB)
-            xs, ys = self._used_series.arrays()
-            self._lines["used"].set_data(xs, [y / scale for y in ys])
-            xs, ys = self._part_series.arrays()
-            self._lines["part"].set_data(xs, [y / scale for y in ys])
-            if reading.label != self._legend_for:  # the source changed (or first draw)
-                # RAM: "used" is the whole machine (other users too): show this process only
-                self._lines["used"].set_visible(reading.label != "RAM")
-                self._lines["part"].set_label(reading.bands[0][0])
-                shown = [ln for ln in (self._lines["used"], self._lines["part"])
-                         if ln.get_visible()]
-                self._ax["memory"].legend(handles=shown, loc="upper left", fontsize=7,
-                                          frameon=False)
-                self._legend_for = reading.label
-            self._ax["memory"].set_ylabel(f"memory ({unit})", fontsize=9)
-            self._ax["memory"].set_title(f"{reading.label}: {reading.source}", fontsize=8,
-                                         loc="left", color="#555555")
+            ax.set_ylabel(f"memory ({self._memory_unit()[0]})", fontsize=9)
+            ax.set_title(f"{reading.label}: {reading.source}", fontsize=8, loc="left",
+                         color="#555555")
         for name, ax in self._ax.items():
             ax.relim()
             ax.autoscale_view()
             if name != "loss":
-                ax.set_ylim(bottom=0)
-
-    def png(self) -> bytes:
-        """The figure as PNG bytes, as it is now (main thread only)."""
-        if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError("matplotlib is only used from the main thread; call png() there")
-        self._flush()
-        self._update_artists()
+                ax.set_ylim(bottom=0, auto=True)
         buf = io.BytesIO()
-        self._fig.savefig(buf, format="png", facecolor="white")
+        fig.savefig(buf, format="png", facecolor="white")
         return buf.getvalue()
 
     def _status_html(self, state: str) -> str:
-        import html
-
         s = self.summary()
-        parts = [f"step {s.steps}"]
+        parts = [f"step {s.steps}" + (f" of {self.total}" if self.total else "")]
         if s.last_loss is not None:
             parts.append(f"loss {s.last_loss:.3f}")
         if s.samples_per_second is not None:
@@ -388,48 +526,52 @@ class LivePlot:
         return (f'<div class="gl-liveplot-status" data-steps="{s.steps}" data-state="{state}" '
                 f'data-redraws="{self.redraws}" style="font-family:var(--jp-ui-font-family,'
                 f'sans-serif);font-size:12px;color:var(--jp-ui-font-color2,#616161)">'
-                f"{html.escape(' · '.join(parts))}</div>")
+                f"{_html.escape(' · '.join(parts))}</div>")
 
     def _display(self) -> None:
         from IPython.display import display
 
+        t0 = time.perf_counter()
+        frame = self.svg() + self._status_html("waiting")
+        self._last_cost = time.perf_counter() - t0  # the estimate for the next frames
+        self.draw_seconds += self._last_cost
         try:
             import ipywidgets
-        except ImportError:
-            ipywidgets = None
-        png = self._timed_png()
-        if ipywidgets is None:  # no widgets: a display handle, replaced in place
-            self._handle = display({"image/png": png, "text/plain": self.summary().text()},
+        except ImportError:  # no widgets: a display handle, replaced in place
+            self._handle = display({"text/html": frame, "text/plain": self.summary().text()},
                                    raw=True, display_id=True)
             return
-        self._image = ipywidgets.Image(value=png, format="png")
-        self._image.add_class("gl-liveplot-image")
-        self._status = ipywidgets.HTML(value=self._status_html("waiting"))
-        children = [self._image, self._status]
+        self._frame_widget = ipywidgets.HTML(value=frame)
+        self._frame_widget.add_class("gl-liveplot-frame")
+        children = [self._frame_widget]
         if self._show_gauge:
             children.insert(0, self.gauge.widget() or ipywidgets.HTML(self.gauge.html()))
         self._widget = ipywidgets.VBox(children)
         self._widget.add_class("gl-liveplot")
         display(self)
 
-    def _timed_png(self) -> bytes:
-        t0 = time.perf_counter()
-        png = self.png()
-        self.draw_seconds += time.perf_counter() - t0
-        self.redraws += 1
-        return png
-
     def _draw(self, state: str = "running") -> None:
         t0 = time.perf_counter()
-        png = self._timed_png()
-        if self._image is not None:
-            self._image.value = png
-            self._status.value = self._status_html(state)
+        frame = self.svg() + self._status_html(state)
+        if self._frame_widget is not None:
+            self._frame_widget.value = frame
         elif self._handle is not None:
-            self._handle.update({"image/png": png, "text/plain": self.summary().text()},
+            self._handle.update({"text/html": frame, "text/plain": self.summary().text()},
                                 raw=True)
         cost = time.perf_counter() - t0
-        self._next_draw = time.perf_counter() + max(self.min_interval, cost / self.budget)
+        self.redraws += 1
+        self.draw_seconds += cost
+        if self._steps:
+            self._train_draw_seconds += cost
+        self._last_cost = cost
+        self._schedule(time.perf_counter())
+
+    def _schedule(self, now: float) -> None:
+        """Next redraw: after min_interval, and only once the redraws so far plus the next
+        one (estimated by the last) fit in ``budget`` of the training time."""
+        start = self._times[0] if self._times else now
+        afford = start + (self._train_draw_seconds + self._last_cost) / self.budget
+        self._next_draw = max(now + self.min_interval, afford)
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         text = self.summary().text()
@@ -490,7 +632,7 @@ class LivePlot:
         if not self.closed:
             self.closed = True
             if threading.current_thread() is threading.main_thread():
-                if self._image is not None or self._handle is not None:
+                if self._frame_widget is not None or self._handle is not None:
                     self._draw(state="done")
                 elif self._steps and in_kernel():
                     from IPython.display import display

@@ -2,6 +2,7 @@
 
 import io
 import math
+import re
 import threading
 
 import pytest
@@ -41,15 +42,20 @@ def test_series_merges_buckets_and_keeps_means_and_maxima():
     assert set(rate.arrays()[1]) == {20.0}
 
 
+def points(svg: str, key: str) -> int:
+    match = re.search(rf'class="gl-line-{key}" points="([^"]*)"', svg)
+    return len(match.group(1).split()) if match and match.group(1) else 0
+
+
 def test_draw_cost_does_not_grow_with_history():
-    """The figure never holds more than max_points per line: after 10,000 steps a redraw
+    """A frame never holds more than max_points per line: after 10,000 steps a redraw
     handles as many points as after 100 (benchmarks/widgets.py times it)."""
     plot = LivePlot(gauge=False, max_points=50, show=False)
     for i in range(10_000):
         plot.step(loss=1.0 / (i + 1), samples=32)
-    plot.png()
-    assert len(plot._lines["loss"].get_xdata()) <= 50
-    assert len(plot._lines["rate"].get_xdata()) <= 51
+    svg = plot.svg()
+    assert 25 <= points(svg, "loss") <= 50
+    assert points(svg, "rate") <= 51
     assert len(plot.history["loss"]) == 10_000
 
 
@@ -127,20 +133,70 @@ def test_redraws_are_throttled_by_time_and_budget(monkeypatch):
     monkeypatch.setattr(liveplot.time, "perf_counter", clock)
     plot = LivePlot(gauge=False, show=False, min_interval=0.5, budget=0.01)
     plot._live = True
+    plot._last_cost = 0.02  # as measured by the first frame when the plot is shown
     draws = []
 
-    def fake_draw(state="running"):  # a redraw that takes 20 ms
+    def slow_frame():  # every live frame takes 20 ms
         draws.append(clock.now)
         clock.now += 0.02
-        plot._next_draw = clock.now + max(plot.min_interval, 0.02 / plot.budget)
+        return "<svg></svg>"
 
-    monkeypatch.setattr(plot, "_draw", fake_draw)
-    for _ in range(10_000):  # 10 s of 1 ms steps
+    monkeypatch.setattr(plot, "svg", slow_frame)
+    for _ in range(20_000):  # 20 s of 1 ms steps
         plot.step(loss=1.0, samples=1)
         clock.now += 0.001
-    # first redraw after min_interval, then every 2 s (20 ms / 1%): 5 redraws, not 20
-    assert len(draws) == 5
-    assert all(b - a >= 2.0 for a, b in zip(draws, draws[1:], strict=False))
+    elapsed = clock.now - plot._times[0]
+    # redraws never took more than 1% of the training time so far (plus the one in flight)
+    for i, t in enumerate(draws):
+        assert 0.02 * i <= 0.01 * (t - plot._times[0]) + 1e-9
+    assert 0.02 * len(draws) <= 0.01 * elapsed + 0.02
+    assert len(draws) >= 8  # ... yet the plot stays live: every ~2 s here
+    assert all(b - a >= 0.5 for a, b in zip(draws, draws[1:], strict=False))
+    s = plot.summary()
+    assert s.plot_share < 0.02 and s.redraws == len(draws)
+
+
+def test_live_frames_are_themed_svg_with_limits_that_never_shrink():
+    plot = LivePlot("svg <test>", gauge=helpers.MemoryGauge(StandInVGPU()), total=1000,
+                    show=False)
+    for i in range(300):
+        plot.step(loss=2.0 - i / 300, samples=8)
+    svg = plot.svg()
+    assert svg.startswith('<svg class="gl-liveplot-svg"') and svg.endswith("</svg>")
+    assert "svg &lt;test&gt;" in svg  # the title is escaped
+    assert "var(--jp-ui-font-color1" in svg and "var(--jp-border-color2" in svg
+    assert points(svg, "loss") == 300 and points(svg, "used") >= 1
+    assert ">used (all processes)</text>" in svg and ">tensors</text>" in svg
+    assert "vGPU: virtual GPU" in svg and "memory (GiB)" in svg
+    assert ">1000</text>" in svg and ">step</text>" in svg
+    assert plot._live_limits["x"] == (0.0, 1000)  # total fixes the x-axis
+    loss_hi = plot._live_limits["loss"][1]
+    assert loss_hi == 2.5
+    plot.step(loss=0.1)
+    plot.svg()
+    assert plot._live_limits["loss"][1] == loss_hi  # never shrinks: no jumping picture
+    plot.step(loss=7.0)
+    plot.svg()
+    assert plot._live_limits["loss"][1] == 8.0
+
+
+def test_ram_memory_panel_shows_this_process_only():
+    plot = LivePlot(gauge=helpers.MemoryGauge("ram"), show=False)
+    plot.step(loss=1.0)
+    svg = plot.svg()
+    assert ">this process</text>" in svg and "gl-line-used" not in svg
+
+
+@pytest.mark.parametrize("value, text", [(0, "0"), (0.125, "0.125"), (2.5, "2.5"),
+                                         (420, "420"), (12_500, "12.5k"), (3e6, "3M")])
+def test_tick_labels(value, text):
+    assert liveplot._tick(value) == text
+
+
+@pytest.mark.parametrize("value, nice", [(0, 1.0), (0.7, 0.8), (1, 1), (1.1, 1.25),
+                                         (3301, 4000), (9e6, 1e7), (float("nan"), 1.0)])
+def test_nice_axis_limits(value, nice):
+    assert liveplot._nice(value) == pytest.approx(nice)
 
 
 def test_matplotlib_is_only_touched_from_the_main_thread(monkeypatch):
@@ -206,14 +262,15 @@ def test_live_mode_builds_one_widget_and_updates_it_in_place(monkeypatch):
     plot = LivePlot("live", min_interval=0.1)
     assert len(shown) == 1 and shown[0][0] is plot
     assert "gl-liveplot" in plot._widget._dom_classes
-    first = plot._image.value
+    first = plot._frame_widget.value
+    assert 'data-state="waiting"' in first and "<svg" in first
     for i in range(50):
         plot.step(loss=1.0 / (i + 1), samples=4)
     plot.close()
-    assert len(shown) == 1  # still one output: the image was replaced, not appended
-    assert plot._image.value != first
-    assert 'data-state="done"' in plot._status.value
-    assert 'data-steps="50"' in plot._status.value
+    assert len(shown) == 1  # still one output: the frame was replaced, not appended
+    final = plot._frame_widget.value
+    assert final != first and 'data-state="done"' in final and 'data-steps="50"' in final
+    assert points(final, "loss") == 50
     bundle = plot._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
 
