@@ -88,17 +88,20 @@ wheelhouse: setup
 	@echo "wheelhouse/ ready: copy the kit to the cluster, then make lab WHEELHOUSE=wheelhouse"
 
 # ---------------------------------------------------------------- tests
-# A real browser for the widget tests: CHROMIUM_PATH if set, else chromium on PATH, else
-# Debian's package when we are root (CI). Otherwise the browser tests skip (fail with CI=true).
+# A real browser for the widget tests (tests/browser/conftest.py looks in the same order):
+# CHROMIUM_PATH if set, else chromium / chromium-browser / google-chrome on PATH, else Debian's
+# package when we are root. Otherwise the browser tests skip loudly (and fail with CI=true).
 browser:
 	@if [ -n "$${CHROMIUM_PATH:-}" ]; then echo "browser: $$CHROMIUM_PATH"; \
 	elif command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
-	     || command -v google-chrome >/dev/null 2>&1; then echo "browser: found on PATH"; \
+	     || command -v google-chrome >/dev/null 2>&1 \
+	     || command -v google-chrome-stable >/dev/null 2>&1; then echo "browser: found on PATH"; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  echo "browser: installing Debian's chromium"; \
 	  apt-get update -qq >/dev/null && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
-	else echo "browser: none found; the browser tests will skip (set CHROMIUM_PATH)"; fi
+	else echo "browser: none found; the browser tests will skip. Install chromium, or run"; \
+	  echo "  $(PY) -m playwright install chromium, or set CHROMIUM_PATH"; fi
 
 test: setup browser
 	@test -d tests || { echo "The tests are not part of this bundle: clone the kit's repository."; exit 2; }

@@ -62,12 +62,14 @@ BAND_STYLE = {
     ),
     "other": ("#CC79A7", "#000000", ""),
 }
-# Neutral parts follow the JupyterLab theme (light or dark), with fallbacks elsewhere.
+# Neutral parts follow the JupyterLab theme (light or dark).  Elsewhere (VS Code, Colab,
+# nbviewer) the fallbacks inherit the host's text colour or use translucent grey, which
+# reads on light and dark backgrounds alike.
 _FONT = "var(--jp-ui-font-family, sans-serif)"
-_TEXT = "var(--jp-ui-font-color1, #212121)"
-_MUTED = "var(--jp-ui-font-color2, #616161)"
-_BORDER = "var(--jp-border-color1, #bdbdbd)"
-_FREE = "var(--jp-layout-color2, #eeeeee)"
+_TEXT = "var(--jp-ui-font-color1, inherit)"
+_MUTED = "var(--jp-ui-font-color2, inherit)"
+_BORDER = "var(--jp-border-color1, rgba(128, 128, 128, 0.6))"
+_FREE = "var(--jp-layout-color2, rgba(128, 128, 128, 0.15))"
 
 
 # --------------------------------------------------------------------------------- readings

@@ -44,8 +44,9 @@ __all__ = ["LivePlot", "LivePlotSummary"]
 
 RATE_WINDOW = 0.2  # seconds of training per samples/s point
 _COLOURS = {"loss": "#0072B2", "used": "#CC79A7", "tensors": "#0072B2", "rate": "#009E73"}
-_SVG_TEXT = "var(--jp-ui-font-color1, #212121)"
-_SVG_GRID = "var(--jp-border-color2, #d0d0d0)"
+# theme colours in JupyterLab; the host's text colour / translucent grey elsewhere
+_SVG_TEXT = "var(--jp-ui-font-color1, currentColor)"
+_SVG_GRID = "var(--jp-border-color2, rgba(128, 128, 128, 0.4))"
 
 
 def _tick(value: float) -> str:
@@ -204,7 +205,7 @@ class LivePlot:
     """
 
     def __init__(self, title: str = "", *, total: int | None = None, gauge=True,
-                 min_interval: float = 0.5, budget: float = 0.01, max_points: int = 400,
+                 min_interval: float = 0.5, budget: float = 0.01, max_points: int = 240,
                  show: bool = True):
         from .gauge import MemoryGauge
 
@@ -247,6 +248,9 @@ class LivePlot:
         self._part_series = _Series(max_points, "max")
         self._mem_flushed = 0
         self._rate_acc = [0.0, 0, 0, 0.0]  # sum of steps, steps, samples, seconds
+        # running totals, so a summary (shown with every frame) costs the same at any length
+        self._totals = {"first": None, "last": None, "lowest": math.inf, "samples": 0,
+                        "used": -1, "part": -1}
         self._last_reading = None
         self._busy = 0.0  # seconds inside step() and redraws
         self._gauge_in_step = 0.0
@@ -316,11 +320,17 @@ class LivePlot:
         floats = _as_floats(new)
         start = self._flushed
         self._losses[start:] = floats
+        totals = self._totals
         for i, value in enumerate(floats, start):
             step = self._steps[i]
             if not math.isnan(value):
                 self._loss_series.add(step, value)
+                if totals["first"] is None:
+                    totals["first"] = value
+                totals["last"] = value
+                totals["lowest"] = min(value, totals["lowest"])
             if i > 0:  # samples/s over windows of >= RATE_WINDOW s: readable, not jittery
+                totals["samples"] += self._samples[i]
                 acc = self._rate_acc
                 acc[0] += step
                 acc[1] += 1
@@ -333,6 +343,8 @@ class LivePlot:
         for step, used, part in self._mem[self._mem_flushed:]:
             self._used_series.add(step, used)
             self._part_series.add(step, part)
+            totals["used"] = max(used, totals["used"])
+            totals["part"] = max(part, totals["part"])
         self._mem_flushed = len(self._mem)
 
     # ------------------------------------------------------------------ drawing
@@ -525,7 +537,7 @@ class LivePlot:
                      "of training time")
         return (f'<div class="gl-liveplot-status" data-steps="{s.steps}" data-state="{state}" '
                 f'data-redraws="{self.redraws}" style="font-family:var(--jp-ui-font-family,'
-                f'sans-serif);font-size:12px;color:var(--jp-ui-font-color2,#616161)">'
+                f'sans-serif);font-size:12px;color:var(--jp-ui-font-color2,inherit)">'
                 f"{_html.escape(' · '.join(parts))}</div>")
 
     def _display(self) -> None:
@@ -598,9 +610,9 @@ class LivePlot:
         """The run so far (see :class:`LivePlotSummary`)."""
         self._flush()
         n = len(self._steps)
-        losses = [v for v in self._losses if not math.isnan(v)]
+        totals = self._totals
         seconds = self._times[-1] - self._times[0] if n > 1 else 0.0
-        rate = sum(self._samples[1:]) / seconds if seconds > 0 and any(self._samples) else None
+        rate = totals["samples"] / seconds if seconds > 0 and totals["samples"] else None
         gauge_busy = 0.0
         if self.gauge is not None:
             gauge_busy = self.gauge.busy_seconds - self._gauge_busy0
@@ -608,13 +620,13 @@ class LivePlot:
         span = seconds if seconds > 0 else math.inf
         label = self.gauge.reading.label if self.gauge is not None else None
         # RAM: the machine's "used" includes other users; this process is what matters
-        column, what = (2, "this process") if label == "RAM" else (1, "used")
-        peak = max((m[column] for m in self._mem), default=None)
+        column, what = ("part", "this process") if label == "RAM" else ("used", "used")
+        peak = totals[column] if totals[column] >= 0 else None
         return LivePlotSummary(
             steps=n,
-            first_loss=losses[0] if losses else None,
-            last_loss=losses[-1] if losses else None,
-            lowest_loss=min(losses) if losses else None,
+            first_loss=totals["first"],
+            last_loss=totals["last"],
+            lowest_loss=totals["lowest"] if totals["first"] is not None else None,
             samples_per_second=rate,
             peak_memory_bytes=peak,
             memory_label=f"{label}, {what}" if label else None,

@@ -159,13 +159,13 @@ def test_redraws_are_throttled_by_time_and_budget(monkeypatch):
 def test_live_frames_are_themed_svg_with_limits_that_never_shrink():
     plot = LivePlot("svg <test>", gauge=helpers.MemoryGauge(StandInVGPU()), total=1000,
                     show=False)
-    for i in range(300):
+    for i in range(200):
         plot.step(loss=2.0 - i / 300, samples=8)
     svg = plot.svg()
     assert svg.startswith('<svg class="gl-liveplot-svg"') and svg.endswith("</svg>")
     assert "svg &lt;test&gt;" in svg  # the title is escaped
     assert "var(--jp-ui-font-color1" in svg and "var(--jp-border-color2" in svg
-    assert points(svg, "loss") == 300 and points(svg, "used") >= 1
+    assert points(svg, "loss") == 200 and points(svg, "used") >= 1
     assert ">used (all processes)</text>" in svg and ">tensors</text>" in svg
     assert "vGPU: virtual GPU" in svg and "memory (GiB)" in svg
     assert ">1000</text>" in svg and ">step</text>" in svg
