@@ -12,7 +12,7 @@
 
 Design, so that watching never slows training down noticeably:
 
-* ``step()`` only appends to lists (a few microseconds).  Losses given as tensors are
+* ``step()`` only appends to lists (a few microseconds).  Losses given as GPU tensors are
   converted in one batch when the figure is drawn, not one ``.item()`` sync per step.
 * Redraws are throttled by time: at most every ``min_interval`` seconds, and only while the
   redraws fit in ``budget`` (1%) of the training time.
@@ -166,25 +166,28 @@ def _check_positive(value, name: str, minimum: float) -> float:
     return float(value)
 
 
+def _item(value) -> float:
+    """A loss as a float; NaN when it has no value (None, a fake or meta tensor)."""
+    if value is None:
+        return math.nan
+    try:
+        return float(value.item() if hasattr(value, "item") else value)
+    except Exception:  # noqa: BLE001 - fake tensors (full-scale mode) have no data
+        return math.nan
+
+
 def _as_floats(values: list) -> list[float]:
-    """Losses to floats: tensors are stacked and copied to the CPU once (one sync)."""
+    """Losses to floats: accelerator tensors are stacked and copied to the CPU in one go (one
+    sync per redraw instead of one per step)."""
     if not values:
         return []
     torch = sys.modules.get("torch")
     if torch is not None and all(isinstance(v, torch.Tensor) for v in values):
         try:
             return torch.stack([v.reshape(()) for v in values]).float().cpu().tolist()
-        except (RuntimeError, ValueError):  # different devices or shapes: one by one
+        except Exception:  # noqa: BLE001 - mixed devices, fake tensors: one by one
             pass
-    out = []
-    for v in values:
-        if v is None:
-            out.append(math.nan)
-        elif hasattr(v, "item"):
-            out.append(float(v.item()))
-        else:
-            out.append(float(v))
-    return out
+    return [v if isinstance(v, float) else _item(v) for v in values]
 
 
 class LivePlot:
@@ -276,8 +279,9 @@ class LivePlot:
         """Record one training step.
 
         Args:
-            loss: the step's loss: a float, or a 0-d tensor (converted in batches later,
-                so no GPU sync per step).  None if this step has no loss.
+            loss: the step's loss: a float or a 0-d tensor.  A GPU tensor is kept until
+                the next redraw and converted with the others in one copy, so there is no
+                GPU sync per step.  None if this step has no loss.
             samples: how many samples the step processed (for samples/s).
             step: the x value; default: the number of steps recorded so far.
         """
@@ -293,6 +297,8 @@ class LivePlot:
             raise ValueError(f"samples must be a non-negative int, got {samples!r}")
         if loss is not None and hasattr(loss, "detach"):
             loss = loss.detach()
+            if loss.device.type == "cpu":  # no sync to avoid: convert now, keep no storage
+                loss = _item(loss)
         self._steps.append(step)
         self._times.append(t0)
         self._losses.append(loss)
@@ -306,7 +312,7 @@ class LivePlot:
                 self._last_reading = reading
                 self._mem.append((step, reading.used_bytes, reading.bands[0][1]))
             self._next_memory = t0 + 0.1
-        if len(self._losses) - self._flushed > 4096:  # bound pending tensors, one sync
+        if len(self._losses) - self._flushed > 256:  # keep few loss tensors alive
             self._flush()
         if t0 >= self._next_draw:
             if len(self._steps) == 1:  # training starts: the budget counts from here

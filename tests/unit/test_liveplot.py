@@ -4,6 +4,7 @@ import io
 import math
 import re
 import threading
+import types
 
 import pytest
 
@@ -75,17 +76,46 @@ def test_summary_line_is_deterministic_apart_from_measured_numbers():
         plot.step(loss=1.0)
 
 
-def test_tensor_losses_are_detached_and_converted_in_one_batch():
+class GPULoss:
+    """Stands in for a CUDA loss tensor: .item() would make the CPU wait for the GPU."""
+
+    items = 0
+    device = types.SimpleNamespace(type="cuda")
+
+    def __init__(self, value):
+        self.value = value
+
+    def detach(self):
+        return self
+
+    def item(self):
+        GPULoss.items += 1
+        return self.value
+
+
+def test_gpu_losses_are_converted_at_redraws_not_per_step():
+    plot = LivePlot(gauge=False, show=False)
+    GPULoss.items = 0
+    for i in range(5):
+        plot.step(loss=GPULoss(float(i)))
+    assert GPULoss.items == 0 and len(plot._losses) == 5  # no sync yet
+    assert plot.history["loss"] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    for _ in range(300):  # at most 256 pending: a long run between redraws stays bounded
+        plot.step(loss=GPULoss(1.0))
+    assert len(plot._losses) - plot._flushed <= 256
+
+
+def test_cpu_tensor_losses_are_read_at_once_and_keep_nothing_alive():
     import torch
 
     plot = LivePlot(gauge=False, show=False)
     w = torch.ones(3, requires_grad=True)
     for i in range(5):
-        loss = (w * i).sum()
-        plot.step(loss=loss)
-    assert all(isinstance(v, torch.Tensor) and not v.requires_grad
-               for v in plot._losses)  # no .item() (a GPU sync) per step
-    assert plot.history["loss"] == [0.0, 3.0, 6.0, 9.0, 12.0]
+        plot.step(loss=(w * i).sum())
+    assert plot._losses == [0.0, 3.0, 6.0, 9.0, 12.0]
+    fake = torch.empty((), device="meta")  # no data, like full-scale fake tensors
+    plot.step(loss=fake)
+    assert math.isnan(plot.history["loss"][-1])
 
 
 def test_steps_without_loss_or_samples_are_fine():
