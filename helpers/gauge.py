@@ -31,7 +31,7 @@ import math
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import nvml
 from .fmt import GiB, MiB
@@ -641,7 +641,11 @@ class MemoryGauge(_LiveView):
         return reading
 
     def _refresh(self):
-        self.reading = _read(*self._source)
+        try:
+            self.reading = _read(*self._source)
+        except Exception as exc:  # noqa: BLE001 - e.g. the driver lost the GPU mid-run
+            self.reading = replace(self.reading, detail=(
+                f"Reading failed ({type(exc).__name__}: {exc}); showing the last reading."))
         self.peak_used_bytes = max(self.peak_used_bytes, self.reading.used_bytes)
 
     def _value(self) -> MemoryReading:
@@ -735,7 +739,10 @@ class GpuWatch(_LiveView):
         return header, rows
 
     def _refresh(self):
-        self.header, self.rows = self._read_rows()
+        try:
+            self.header, self.rows = self._read_rows()
+        except Exception as exc:  # noqa: BLE001 - keep the last rows, say what went wrong
+            self.header = f"Reading failed ({type(exc).__name__}: {exc}); last rows shown."
 
     def _value(self):
         return self.rows

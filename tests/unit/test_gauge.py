@@ -380,3 +380,16 @@ def test_stopping_from_the_poller_thread_itself_does_not_deadlock():
     while gauge.polling_threads() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert gauge.polling_threads() == []
+
+
+def test_a_failing_source_keeps_the_last_reading_and_says_why(monkeypatch):
+    g = helpers.MemoryGauge(spec_example())
+    before = g.reading
+
+    def broken(kind, arg):
+        raise RuntimeError("GPU has fallen off the bus")
+
+    monkeypatch.setattr(gauge, "_read", broken)
+    after = g.update(force=True)  # inside a training loop: must not raise
+    assert after.used_bytes == before.used_bytes
+    assert "GPU has fallen off the bus" in after.detail
