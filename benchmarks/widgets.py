@@ -12,7 +12,10 @@ Prints two ratios measured side by side in this run:
    interleaved block by block.  Target: at most 2% of step time; the plot's own account of
    its share is printed next to the measured one.
 
-No thresholds are enforced here: on a shared machine timings wobble; read the ratios.
+No thresholds are enforced here: on a shared machine timings wobble, and the measured step
+overhead can come out negative; read the ratios and the self-reported share together. On a
+busy 2-core machine run it as `OMP_NUM_THREADS=1 python benchmarks/widgets.py`, or torch's
+two threads wait on each other and every step takes many times longer.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def history_ratio() -> tuple[float, float, float]:
     return a, b, b / a
 
 
-def torch_steps(n_blocks: int = 6, block: int = 40):
+def torch_steps(n_blocks: int = 12, block: int = 30):
     import torch
     from torch import nn
 
@@ -98,7 +101,7 @@ def torch_steps(n_blocks: int = 6, block: int = 40):
     return statistics.median(plain), statistics.median(watched), plot.summary()
 
 
-def keras_epochs(n_rounds: int = 3):
+def keras_epochs(n_rounds: int = 8):
     helpers.environment.quiet_tensorflow_env()
     import keras
 
