@@ -529,7 +529,7 @@ class _LiveView:
         self._lock = threading.RLock()
         self._widget = None
         self._next = 0.0
-        self.busy_seconds = 0.0  # time spent reading and rendering, all threads
+        self.busy_seconds = 0.0  # reading and rendering: wall time (main), CPU time (poller)
         self.updates = 0
 
     def _render(self) -> str:  # pragma: no cover - subclasses
@@ -557,12 +557,17 @@ class _LiveView:
         now = time.perf_counter()
         if not force and now < self._next:
             return self._value()
+        # The main thread's updates delay training by their wall time.  The poller's run
+        # beside it and take from training only the CPU time they use (and hold the GIL for):
+        # count that, not the wall time a busy machine stretches them to.
+        clock = (time.perf_counter if threading.current_thread() is threading.main_thread()
+                 else time.thread_time)
         with self._lock:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), clock()
             self._refresh()
             if self._widget is not None:
                 self._widget.value = self._render()
-            cost = time.perf_counter() - t0
+            cost = clock() - c0
             self.busy_seconds += cost
             self.updates += 1
             # redraw at most every min_interval, and spend at most `budget` of the time here
