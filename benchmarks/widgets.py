@@ -67,7 +67,7 @@ def history_ratio() -> tuple[float, float, float]:
     return a, b, b / a
 
 
-def torch_steps(n_blocks: int = 12, block: int = 30):
+def torch_steps(n_blocks: int = 16, block: int = 30):
     import torch
     from torch import nn
 
@@ -94,14 +94,18 @@ def torch_steps(n_blocks: int = 12, block: int = 30):
     gauge = helpers.MemoryGauge(poll=0.5)
     plot = live(LivePlot("bench", gauge=gauge, show=False, total=n_blocks * block))
     plain, watched = [], []
-    for _ in range(n_blocks):
-        plain.append(train(block))
-        watched.append(train(block, plot))
+    for i in range(n_blocks):  # alternate which goes first: no bias from the order
+        if i % 2:
+            watched.append(train(block, plot))
+            plain.append(train(block))
+        else:
+            plain.append(train(block))
+            watched.append(train(block, plot))
     gauge.stop()
     return statistics.median(plain), statistics.median(watched), plot.summary()
 
 
-def keras_epochs(n_rounds: int = 8):
+def keras_epochs(n_rounds: int = 12):
     helpers.environment.quiet_tensorflow_env()
     import keras
 
@@ -116,14 +120,18 @@ def keras_epochs(n_rounds: int = 8):
     plot = live(LivePlot("bench", gauge=gauge, show=False))
     plain, watched = [], []
     steps = len(x) // 64
-    for _ in range(n_rounds):
+    def fit(callbacks):
         t0 = time.perf_counter()
-        model.fit(x, y, batch_size=64, epochs=1, verbose=0)
-        plain.append((time.perf_counter() - t0) / steps)
-        t0 = time.perf_counter()
-        model.fit(x, y, batch_size=64, epochs=1, verbose=0,
-                  callbacks=[plot.keras_callback(batch_size=64)])
-        watched.append((time.perf_counter() - t0) / steps)
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=callbacks)
+        return (time.perf_counter() - t0) / steps
+
+    for i in range(n_rounds):  # alternate which goes first: no bias from the order
+        if i % 2:
+            watched.append(fit([plot.keras_callback(batch_size=64)]))
+            plain.append(fit([]))
+        else:
+            plain.append(fit([]))
+            watched.append(fit([plot.keras_callback(batch_size=64)]))
     gauge.stop()
     return statistics.median(plain), statistics.median(watched), plot.summary()
 
