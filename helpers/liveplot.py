@@ -391,7 +391,11 @@ class LivePlot:
         limits = {}
         x_hi = max((max(xs) for xs, _ in data.values() if xs), default=1.0)
         old = self._live_limits
-        limits["x"] = (0.0, max(self.total or 0, _nice(x_hi * 1.05), old.get("x", (0, 0))[1]))
+        if self.total and x_hi <= self.total:  # the axis spans the expected run exactly
+            x_hi = float(self.total)
+        else:
+            x_hi = _nice(x_hi * 1.05)
+        limits["x"] = (0.0, max(x_hi, old.get("x", (0, 0))[1]))
         for name in self._panels:
             keys = ("used", "part") if name == "memory" else (name,)
             values = [v for key in keys for v in data[key][1] if math.isfinite(v)]
