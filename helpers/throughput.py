@@ -366,13 +366,22 @@ class StepTimer:
         """The live view: the last ``last`` steps as stacked columns (wait over compute)
         and the shares so far."""
         waits, comps = self.wait_s[-last:], self.compute_s[-last:]
-        tallest = max((w + c for w, c in zip(waits, comps, strict=True)), default=0) or 1.0
-        cols = "".join(
-            f'<div style="display:flex;flex-direction:column;justify-content:flex-end;'
-            f'width:4px;height:60px;margin-right:1px">'
-            f'<div style="height:{60 * w / tallest:.1f}px;background:{_WAIT_COLOUR}"></div>'
-            f'<div style="height:{60 * c / tallest:.1f}px;background:{_COMPUTE_COLOUR}"></div>'
-            f"</div>" for w, c in zip(waits, comps, strict=True))
+        totals = sorted(w + c for w, c in zip(waits, comps, strict=True))
+        # scale to 3x the median step, so one slow first step (workers starting) does not
+        # flatten all the others; taller steps are clipped
+        tallest = min(totals[-1], 3 * totals[len(totals) // 2]) if totals else 0.0
+        tallest = tallest or 1.0
+        cols = []
+        for w, c in zip(waits, comps, strict=True):
+            wait_px = min(60.0, 60 * w / tallest)
+            comp_px = min(60.0 - wait_px, 60 * c / tallest)
+            cols.append(
+                f'<div style="display:flex;flex-direction:column;justify-content:flex-end;'
+                f'width:4px;height:60px;margin-right:1px">'
+                f'<div style="height:{wait_px:.1f}px;background:{_WAIT_COLOUR}"></div>'
+                f'<div style="height:{comp_px:.1f}px;background:{_COMPUTE_COLOUR}"></div>'
+                f"</div>")
+        cols = "".join(cols)
         s = self.summary()
         line = (f'<span style="color:{_WAIT_COLOUR}">&#9632;</span> data wait '
                 f"{100 * s.wait_share:.0f}% &nbsp;"

@@ -2,6 +2,7 @@
 (lesson 09).  Timing logic is tested on a fake clock, never against thresholds."""
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -382,3 +383,16 @@ def test_gpu_script_writes_the_record_format(tmp_path):
     assert all(r["samples_per_second"] > 0 for r in data["rungs"])
     with pytest.raises(ValueError, match="names no GPU"):
         recorded_gpu_results("run", results_dir=tmp_path)
+
+
+def test_live_view_keeps_ordinary_steps_visible_next_to_one_slow_start():
+    timer = StepTimer(show=False, gpu_util=False)
+    timer.wait_s = [1.0] + [0.016] * 20  # workers starting, then ordinary steps
+    timer.compute_s = [0.0] + [0.004] * 20
+    timer.samples = [64] * 21
+    html = timer.html()
+    heights = [float(h) for h in
+               re.findall(r"height:([0-9.]+)px;background", html)]
+    assert max(heights) <= 60.0  # the slow first step is clipped
+    assert heights[2] + heights[3] == pytest.approx(20.0)  # an ordinary step: a third
+    assert "data wait 94%" in html  # (1 + 20 * 0.016) / 1.4
