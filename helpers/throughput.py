@@ -16,7 +16,7 @@ Three tools, none of which imports torch or TensorFlow until it is used:
       for xb, yb in timer.wrap(loader):
           ...                                     # the training step
           timer.step(samples=len(xb))
-      print(timer.close())                        # one line: wait vs compute, a verdict
+      print(timer.close())                        # one line: samples/s, wait vs compute
 
 * :func:`compare`: runs workloads side by side in one process, interleaved over rounds
   (best of each), and returns samples/s and speed-ups as a :class:`Comparison`.
@@ -560,14 +560,6 @@ def compare(runs: Mapping[str, Callable[[], int]], *, rounds: int = 2,
         else:
             result.rows.append(RungResult(name, note=skipped[name]))
     return result
-
-
-def ordered(comparison: Comparison, names: Iterable[str]) -> Comparison:
-    """The same results with rows in the order of ``names`` (all rungs must be named)."""
-    names = list(names)
-    if sorted(names) != sorted(r.name for r in comparison.rows):
-        raise ValueError(f"name every rung once: {[r.name for r in comparison.rows]}")
-    return Comparison([comparison[n] for n in names], comparison.rounds)
 
 
 # ------------------------------------------------------------------------------ recorded
