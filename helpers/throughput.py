@@ -74,7 +74,7 @@ class SlowDataset:
     Args:
         n_samples, n_features, n_classes: the size of the Gaussian-blob classification
             problem (see :func:`helpers.classification_data`).
-        latency_s: simulated I/O wait per sample in seconds (>= 0; default 0.25 ms).
+        latency_s: simulated I/O wait per sample in seconds (>= 0; default 0.5 ms).
         noise: spread of each class around its centre (default 12: a model needs a few
             epochs to learn it, so loss curves fall visibly).
         seed: the data's seed.
@@ -85,7 +85,7 @@ class SlowDataset:
     """
 
     def __init__(self, n_samples: int = 2048, n_features: int = 256, n_classes: int = 10, *,
-                 latency_s: float = 2.5e-4, noise: float = 12.0, seed: int = 0):
+                 latency_s: float = 5e-4, noise: float = 12.0, seed: int = 0):
         from .data import classification_data
 
         self.latency_s = _non_negative(latency_s, "latency_s")

@@ -71,8 +71,8 @@ def ladders(device, quick: bool = False) -> dict:
     torch.set_num_threads(max(1, cores // 2))
     workers = min(4, cores)
     epochs, rounds = (1, 1) if quick else (3, 2)
-    dataset = helpers.SlowDataset(n_samples=128 if quick else 1024, n_features=256,
-                                  n_classes=10, latency_s=2.5e-4)
+    dataset = helpers.SlowDataset(n_samples=128 if quick else 512, n_features=256,
+                                  n_classes=10, latency_s=5e-4)
     torch.manual_seed(0)
     model = helpers.MLP(in_features=256, hidden=128, depth=3, n_classes=10).to(device)
     loss_fn = nn.CrossEntropyLoss()
@@ -145,7 +145,7 @@ def ladders(device, quick: bool = False) -> dict:
         order = torch.randperm(len(y_all), generator=torch.Generator().manual_seed(0))
         return [(x_all[i], y_all[i]) for i in order.to(device).split(batch_size)]
 
-    n = 2 * epochs
+    n = 4 * epochs
     step_runs = {
         "batch 64, .item() every step": lambda: train(memory_batches(64), n),
         "no per-step sync": lambda: train(memory_batches(64), n, log_every_step=False),

@@ -15,6 +15,7 @@ import helpers
 from helpers import nvml, throughput
 from helpers.throughput import (
     Comparison,
+    RungResult,
     SlowDataset,
     StepTimer,
     StepTimes,
@@ -396,3 +397,21 @@ def test_live_view_keeps_ordinary_steps_visible_next_to_one_slow_start():
     assert max(heights) <= 60.0  # the slow first step is clipped
     assert heights[2] + heights[3] == pytest.approx(20.0)  # an ordinary step: a third
     assert "data wait 94%" in html  # (1 + 20 * 0.016) / 1.4
+
+
+def test_tables_of_measured_numbers_compare_equal_after_the_notebook_sanitizer():
+    """nbval masks ~numbers (tests/sanitize.cfg); column padding must not leak their width."""
+    text = (ROOT / "tests" / "sanitize.cfg").read_text()
+    patterns = re.findall("^regex: (.*)$\n^replace: (.*)$", text, flags=re.MULTILINE)  # nbval
+
+    def sanitized(seconds):
+        rows = [RungResult(name, 1000, s) for name, s in zip(["base", "workers", "warm"],
+                                                             seconds, strict=True)]
+        table = Comparison(rows).table("t").text()
+        for regex, replace in patterns:
+            table = re.sub(regex, replace, table)
+        return table
+
+    narrow, wide = sanitized([1.0, 0.5, 0.4]), sanitized([1.0, 0.001, 0.00001])
+    assert narrow == wide
+    assert "~N samples/s<pad>~Nx" in narrow and "\n---<pad>---" in narrow
