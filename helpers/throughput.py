@@ -426,7 +426,8 @@ class StepTimer:
             ax2.tick_params(labelsize=8)
             handles.append(line)
             labels.append("GPU-Util (NVML)")
-        ax.legend(handles, labels, loc="upper right", fontsize=7, frameon=False)
+        ax.legend(handles, labels, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3,
+                  fontsize=7, frameon=False, borderaxespad=0.2)
         fig.tight_layout()
         return fig
 
