@@ -65,11 +65,20 @@ _EXPORTS = {
     "watch_gpus": "gauge",
     "LivePlot": "liveplot",
     "LivePlotSummary": "liveplot",
+    # throughput (lesson 09)
+    "SlowDataset": "throughput",
+    "StepTimer": "throughput",
+    "StepTimes": "throughput",
+    "compare": "throughput",
+    "Comparison": "throughput",
+    "RungResult": "throughput",
+    "recorded_gpu_results": "throughput",
+    "RecordedResults": "throughput",
 }
 
 _SUBMODULES = {
     "build", "checkpoint", "data", "device", "environment", "exercises", "fmt", "gauge",
-    "instructor", "launch", "liveplot", "models", "nvml", "progress", "runtime",
+    "instructor", "launch", "liveplot", "models", "nvml", "progress", "runtime", "throughput",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
