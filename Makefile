@@ -112,7 +112,7 @@ test: setup browser
 test-unit: setup
 	$(BIN)/ruff check .
 	$(PY) -m helpers.build lessons --check
-	$(PY) -m pytest tests -m "not browser" -q
+	$(PY) -m pytest tests -m "not browser" -q -n $(WORKERS)
 
 test-notebooks: setup
 	$(PY) -m pytest --nbval lessons solutions --nbval-sanitize-with tests/sanitize.cfg \

@@ -22,8 +22,9 @@ from helpers.build import KERNEL_ENV
 KERNEL_PEAK_BUDGET_MIB = 1536  # 1.5 GiB: a Binder-sized machine
 ROOT = Path(__file__).resolve().parent
 
-# headless widgets in every kernel started from this process (nbval inherits os.environ)
-os.environ["GPU_LESSONS_HEADLESS"] = KERNEL_ENV["GPU_LESSONS_HEADLESS"]
+# the kernel settings of `make outputs` in every kernel started from this process (nbval's
+# kernels inherit os.environ; pytest sets PYTEST_CURRENT_TEST itself)
+os.environ.update({k: v for k, v in KERNEL_ENV.items() if k != "PYTEST_CURRENT_TEST"})
 
 _peaks: dict[str, float] = {}
 

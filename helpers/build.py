@@ -44,9 +44,12 @@ SOLUTIONS_EXTRA = ["solutions"]
 SOLUTION_TAG = "solution"
 EXERCISE_TAG = "exercise"
 
-# The kernel settings shared with the notebook tests (tests/conftest.py): headless widgets,
-# and no capture of C-level / child-process output, exactly as under nbval (FACTS.md).
-KERNEL_ENV = {"GPU_LESSONS_HEADLESS": "1", "PYTEST_CURRENT_TEST": "helpers.build outputs"}
+# The kernel settings shared with the notebook tests (conftest.py): headless widgets, one
+# compute thread per kernel (the tests run two kernels side by side; two threads per kernel
+# on two busy cores made steps up to 40x slower), and no capture of C-level / child-process
+# output, exactly as under nbval (FACTS.md).
+KERNEL_ENV = {"GPU_LESSONS_HEADLESS": "1", "OMP_NUM_THREADS": "1",
+              "PYTEST_CURRENT_TEST": "helpers.build outputs"}
 KERNEL_ARGS = ["--IPKernelApp.capture_fd_output=False"]
 
 
