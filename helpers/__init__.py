@@ -57,11 +57,23 @@ _EXPORTS = {
     "save_checkpoint": "checkpoint",
     "set_rng_state": "checkpoint",
     "unwrap": "checkpoint",
+    # memory (issue 3): exact accounting, virtual GPU, full-scale mode
+    "ResNet": "models",
+    "TransformerBlock": "models",
+    "VirtualGPU": "memory.virtual",
+    "current_virtual_gpu": "memory.state",
+    "full_scale": "memory.virtual",
+    "measure_step": "memory.measure",
+    "MemoryReport": "memory.report",
+    "parse_capacity": "memory.capacity",
+    "KNOWN_GPUS": "memory.capacity",
+    "measure_keras_step": "memory.keras",
+    "recorded_gpu_results": "memory.recorded",
 }
 
 _SUBMODULES = {
     "build", "checkpoint", "data", "device", "environment", "exercises", "fmt",
-    "instructor", "launch", "models", "nvml", "progress", "runtime",
+    "instructor", "launch", "memory", "models", "nvml", "progress", "runtime",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
