@@ -38,6 +38,9 @@ _VIEW, _MUTATE, _NEW, _FRESH = 0, 1, 2, 3
 _FRESH_OPS = {"lift_fresh", "lift_fresh_copy"}
 
 
+_KINDS: dict = {}  # OpOverload -> what it returns (shared: the answer never changes)
+
+
 def _classify(func) -> int:
     """Does ``func`` return new storages (_NEW), alias-and-write (_MUTATE) or views (_VIEW)?"""
     try:
@@ -118,6 +121,13 @@ class Engine(TorchDispatchMode):
             refuses; it must raise (``VirtualGPU`` raises ``torch.OutOfMemoryError``).
     """
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Not wrapping __torch_dispatch__ in torch._dynamo.disable saves importing
+        # torch._dynamo (2-4 s and ~100 MB, on first use) and a wrapper call per operation.
+        # The engine is not meant to run under torch.compile.
+        return False
+
     def __init__(self, allocator=None, *, device_type: str = "cpu", on_oom=None):
         super().__init__()
         self.allocator = allocator if allocator is not None else ExactAllocator(None)
@@ -128,7 +138,6 @@ class Engine(TorchDispatchMode):
         self.peak_live_bytes = 0
         self.recorder: Recorder | None = None
         self.lock = threading.RLock()
-        self._kinds: dict = {}
         self._pending: SimulatedOOM | None = None
         self.current_op = None
 
@@ -224,9 +233,9 @@ class Engine(TorchDispatchMode):
     # ------------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        kind = self._kinds.get(func)
+        kind = _KINDS.get(func)
         if kind is None:
-            kind = self._kinds[func] = _classify(func)
+            kind = _KINDS[func] = _classify(func)
         if kind == _VIEW:
             return func(*args, **kwargs)
         self.current_op = func
@@ -297,7 +306,7 @@ class Engine(TorchDispatchMode):
             recorder.point(func)
 
     def _scan_inputs(self, args, kwargs, recorder) -> None:
-        for t in _flat_tensors(args, kwargs):
+        for t in (_flat_tensors(args, kwargs) if kwargs else _flat_tensors(args)):
             if t.device.type != self.device_type:
                 continue
             st = _storage(t)
@@ -305,12 +314,12 @@ class Engine(TorchDispatchMode):
                 continue
             rec = self.live.get(id(st))
             if rec is None:
-                label = "parameters" if isinstance(t, nn.Parameter) else "inputs"
+                label = "parameters" if _is_param(t) else "inputs"
                 if recorder is not None:
                     recorder.before_alloc(self.current_op)
                 if self._register(st, label) is None:
                     return
-            elif rec.label != "parameters" and isinstance(t, nn.Parameter):
+            elif rec.label != "parameters" and t.is_leaf and _is_param(t):
                 rec.label = "parameters"
 
 
@@ -326,16 +335,29 @@ def _make_callback(engine: Engine, rec: _Tracked):
     return on_storage_freed
 
 
-def _flat_tensors(*objs):
+_Tensor = torch.Tensor
+
+
+def _flat_tensors(*objs) -> list:
+    """Tensors in (nested lists/tuples/dicts of) arguments or outputs, in no fixed order."""
+    out = []
     stack = list(objs)
     while stack:
         x = stack.pop()
-        if isinstance(x, torch.Tensor):
-            yield x
+        if isinstance(x, _Tensor):
+            out.append(x)
         elif isinstance(x, (list, tuple)):
-            stack.extend(x)
+            if x:
+                stack.extend(x)
         elif isinstance(x, dict):
-            stack.extend(x.values())
+            if x:
+                stack.extend(x.values())
+    return out
+
+
+def _is_param(t) -> bool:
+    # nn.Parameter's isinstance goes through a slow metaclass check
+    return type(t) is nn.Parameter or getattr(t, "_is_param", False)
 
 
 # ---------------------------------------------------------------------------- recorder

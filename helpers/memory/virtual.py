@@ -102,29 +102,86 @@ class full_scale:  # noqa: N801 - used like a function: ``with helpers.full_scal
     Build the model *inside* the block (real tensors cannot mix with fake ones), and do not
     read values (``loss.item()``, printing numbers): there are none.
 
+    Inside, new tensors are made on ``device`` (default: ``helpers.pick_device()``), so
+    device-agnostic code works unchanged; ``model.to(device)`` is then a no-op, as it should
+    be (PyTorch cannot move fake parameters between devices or dtypes: create the model
+    where and as it will be used).
+
     ``measure_step`` works inside; ``VirtualGPU(..., fake=True)`` combines both. Re-entering
     the same ``full_scale`` object continues with the same fake tensors.
     """
 
-    def __init__(self):
+    def __init__(self, device=None):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
+        self.device = torch.device(_device_type(device) if device is None else device) \
+            if not isinstance(device, torch.device) else device
         self.mode = FakeTensorMode()
         self._active = False
+        self._device_ctx = None
 
     def __enter__(self):
         if self._active or _in_fake_mode():
             raise RuntimeError("already in full-scale (fake tensor) mode: do not nest it")
         self.mode.__enter__()
+        self._device_ctx = torch.device(self.device)
+        self._device_ctx.__enter__()
+        _patch_module_to(+1)
         self._active = True
         return self
 
     def __exit__(self, *exc):
         self._active = False
-        return self.mode.__exit__(*exc)
+        _patch_module_to(-1)
+        try:
+            self._device_ctx.__exit__(*exc)
+        finally:
+            self.mode.__exit__(*exc)
+        return False
 
     def __repr__(self) -> str:
-        return f"full_scale(active={self._active})"
+        return f"full_scale(device={str(self.device)!r}, active={self._active})"
+
+
+_ORIGINAL_APPLY = torch.nn.Module._apply
+_patches = 0
+
+
+def _module_apply(self, fn, *args, **kwargs):
+    """``Module._apply`` (behind ``to``, ``cpu``, ``cuda``, ``float``...) that leaves the
+    module untouched when ``fn`` changes no tensor: fake parameters cannot be swapped."""
+    tensors = [*self.parameters(), *self.buffers()]
+    if tensors and all(fn(t) is t for t in tensors):
+        return self
+    try:
+        return _ORIGINAL_APPLY(self, fn, *args, **kwargs)
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"{exc}. In full-scale mode, create the model where it will live, with the "
+            "dtype it will have (tensors are made on the full-scale device): PyTorch cannot "
+            "move or convert fake parameters."
+        ) from exc
+
+
+def _patch_module_to(delta: int) -> None:
+    global _patches
+    _patches += delta
+    torch.nn.Module._apply = _module_apply if _patches > 0 else _ORIGINAL_APPLY
+
+
+def _device_type(device) -> str:
+    if device is None:
+        from ..environment import pick_device
+
+        return pick_device().type
+    if isinstance(device, torch.device):
+        return device.type
+    if isinstance(device, str):
+        try:
+            return torch.device(device).type
+        except RuntimeError as exc:
+            raise ValueError(f"device {device!r} is not a torch device ({exc})") from None
+    raise TypeError(f"device must be None, a string or a torch.device, got {device!r}")
 
 
 def _bool(value, name: str) -> bool:
@@ -184,28 +241,13 @@ class VirtualGPU:
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
             raise ValueError(f"index must be an int >= 0, got {index!r}")
         self.index = index
-        self.device_type = self._device_type(device)
+        self.device_type = _device_type(device)
         limit = cap - self.context_bytes
         self._allocator = CachingAllocator(limit) if rounding else ExactAllocator(limit)
         self._engine = Engine(self._allocator, device_type=self.device_type,
                               on_oom=self._raise_oom)
-        self._full_scale = full_scale() if fake else None
+        self._full_scale = full_scale(self.device_type) if fake else None
         self._active = False
-
-    @staticmethod
-    def _device_type(device) -> str:
-        if device is None:
-            from ..environment import pick_device
-
-            return pick_device().type
-        if isinstance(device, torch.device):
-            return device.type
-        if isinstance(device, str):
-            try:
-                return torch.device(device).type
-            except RuntimeError as exc:
-                raise ValueError(f"device {device!r} is not a torch device ({exc})") from None
-        raise TypeError(f"device must be None, a string or a torch.device, got {device!r}")
 
     # ------------------------------------------------------------------ state
     @property

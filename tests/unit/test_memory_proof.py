@@ -205,9 +205,9 @@ def test_fp32_then_bf16_then_checkpointing_in_that_order():
     # deep and narrow, so activations dominate and sqrt(n)-like segments pay off:
     # 48 layers in 8 segments keep ~7 boundaries + the last segment + one being recomputed
     torch.manual_seed(0)
-    model = helpers.MLP(64, 64, 48, 10)
+    model = helpers.MLP(32, 32, 48, 10)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(2048, 64), torch.randint(0, 10, (2048,))
+    x, y = torch.randn(1024, 32), torch.randint(0, 10, (1024,))
     reports = {
         name: helpers.measure_step(train_step(model, opt, x, y, **kw), model=model,
                                    optimizer=opt, inputs=(x, y))
