@@ -135,31 +135,31 @@ def peak_check(name: str, gpu_measure=measure_on_gpu) -> dict:
     return row
 
 
+def _two_steps_fit(name: str, batch: int, device: str) -> bool:
+    """Build and run two steps; everything they made is freed when this returns."""
+    try:
+        *_, step = build(name, batch, device)
+        for _ in range(2):
+            step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return True
+    except torch.OutOfMemoryError:
+        return False
+
+
 def fits_virtual(name: str, batch: int, capacity: int) -> bool:
     with helpers.VirtualGPU(capacity, rounding=True, fake=True, device="cpu"):
-        model, opt, x, y, step = build(name, batch, "cpu")
-        try:
-            for _ in range(2):
-                step()
-            return True
-        except torch.OutOfMemoryError:
-            return False
+        return _two_steps_fit(name, batch, "cpu")
 
 
-def fits_real(name: str, batch: int, capacity: int, device: str = "cuda") -> bool:
+def fits_real(name: str, batch: int, capacity: int) -> bool:
     cleanup()
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(capacity / total)
     try:
-        model, opt, x, y, step = build(name, batch, device)
-        for _ in range(2):
-            step()
-        torch.cuda.synchronize()
-        return True
-    except torch.OutOfMemoryError:
-        return False
+        return _two_steps_fit(name, batch, "cuda")
     finally:
-        model = opt = x = y = step = None
         torch.cuda.set_per_process_memory_fraction(1.0)
         cleanup()
 
@@ -275,13 +275,7 @@ def _selftest_cpu() -> dict:
 
     def cpu_fits(name, batch, capacity):
         with helpers.VirtualGPU(capacity, rounding=True, device="cpu"):
-            model, opt, x, y, step = build(name, batch, "cpu")
-            try:
-                for _ in range(2):
-                    step()
-                return True
-            except torch.OutOfMemoryError:
-                return False
+            return _two_steps_fit(name, batch, "cpu")
 
     return {"peaks": [peak_check("cnn", cpu_measure)],
             "oom": oom_check("mlp", "256 MiB", real_fits=cpu_fits)}
