@@ -37,6 +37,8 @@ _COLOURS = {
     "activations": "#c44e52", "temporaries": "#8172b3", "inputs": "#937860",
     "other": "#b0b0b0",
 }
+_STACK_ORDER = ("parameters", "optimizer_state", "gradients", "inputs", "other",
+                "activations", "temporaries")
 _PHASE_SHADES = {"forward": "#e8f0fb", "backward": "#fdeee4", "optimizer": "#e9f5ec",
                  "other": "#f4f4f4"}
 
@@ -315,10 +317,14 @@ def plot_timeline(report: MemoryReport, ax=None, *, unit=None, title=None, legen
                        label=None if ph in labelled else f"{PHASE_TITLES[ph]} phase")
             labelled.add(ph)
             start = i
-    cats = [c for c in CATEGORIES if any(cols[c])]
+    # long-lived categories at the bottom, short-lived ones on top
+    cats = [c for c in _STACK_ORDER if any(cols[c])]
     ys = [[v / scale for v in cols[c]] for c in cats]
-    ax.stackplot(x, *ys, labels=[CATEGORY_TITLES[c] for c in cats],
-                 colors=[_COLOURS[c] for c in cats], step="post", alpha=0.9)
+    polys = ax.stackplot(x, *ys, labels=[CATEGORY_TITLES[c] for c in cats],
+                         colors=[_COLOURS[c] for c in cats], step="post")
+    for poly in polys:  # no hairline gaps between the steps
+        poly.set_edgecolor("face")
+        poly.set_linewidth(0.4)
     if report.rounding:
         ax.step(x, [v / scale for v in cols["reserved"]], where="post", color="black",
                 lw=1, ls="--", label="reserved (CUDA-like allocator)")
