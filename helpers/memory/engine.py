@@ -202,6 +202,7 @@ class Engine(TorchDispatchMode):
         bytes newly counted.
         """
         added = 0
+        self.current_op = "track"
         for t in tensors_in(objs):
             if t.device.type != self.device_type:
                 continue
@@ -539,6 +540,8 @@ class Recorder:
                     st = _storage(t)
                     if st is not None:
                         by_storage[id(st)] = name
+        # a point, so that the phase shows even when the step allocates nothing (SGD)
+        self.mark(f"{type(optimizer).__name__}.step")
 
     def optimizer_args(self, args) -> None:
         """Which parameter the optimizer is updating (sticky; "all" for foreach lists)."""
@@ -561,9 +564,10 @@ class Recorder:
         self.outer_phase = "other"
 
     def _fw_pre(self, module, args):
-        if torch._C._current_graph_task_id() == -1 and not self.in_optimizer:
-            if module is self.model or (self.model is None and not self._stack_depth()):
-                self.outer_phase = "forward"
+        # a top-level module call outside backward and the optimizer starts a forward pass
+        if torch._C._current_graph_task_id() == -1 and not self.in_optimizer and \
+                not self._stack_depth():
+            self.outer_phase = "forward"
         if self._modules is not None:
             self._modules.push(module, args)
 

@@ -114,8 +114,8 @@ class full_scale:  # noqa: N801 - used like a function: ``with helpers.full_scal
     def __init__(self, device=None):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        self.device = torch.device(_device_type(device) if device is None else device) \
-            if not isinstance(device, torch.device) else device
+        kind = _device_type(device)  # validates
+        self.device = torch.device(kind) if device is None else torch.device(device)
         self.mode = FakeTensorMode()
         self._active = False
         self._device_ctx = None
@@ -344,6 +344,8 @@ class VirtualGPU:
         module = rec.module() if rec is not None else ""
         phase = {"forward": "in the forward pass", "backward": "in the backward pass",
                  "optimizer": "in the optimizer step"}.get(phase, "")
+        if op == "track":
+            return "when tensors made outside were handed to it"
         name = f"aten.{op._overloadpacket.__name__}" if hasattr(op, "_overloadpacket") else op
         parts = [p for p in (phase, f"by {name}" if op is not None else "",
                              f"in {module}" if module else "") if p]
