@@ -72,13 +72,28 @@ _EXPORTS = {
     "compare": "throughput",
     "Comparison": "throughput",
     "RungResult": "throughput",
-    "recorded_gpu_results": "throughput",
+    "throughput_gpu_results": "throughput",
     "RecordedResults": "throughput",
+    # results recorded on a real GPU by tests/gpu/ scripts, shown labelled on CPU machines
+    "recorded_gpu_results": "recorded",
+    "RecordedGpuResults": "recorded",
+    # memory (issue 3): exact accounting, virtual GPU, full-scale mode
+    "ResNet": "models",
+    "TransformerBlock": "models",
+    "VirtualGPU": "memory.virtual",
+    "current_virtual_gpu": "memory.state",
+    "full_scale": "memory.virtual",
+    "measure_step": "memory.measure",
+    "MemoryReport": "memory.report",
+    "parse_capacity": "memory.capacity",
+    "KNOWN_GPUS": "memory.capacity",
+    "measure_keras_step": "memory.keras",
 }
 
 _SUBMODULES = {
     "build", "checkpoint", "data", "device", "environment", "exercises", "fmt", "gauge",
-    "instructor", "launch", "liveplot", "models", "nvml", "progress", "runtime", "throughput",
+    "instructor", "launch", "liveplot", "memory", "models", "nvml", "progress", "recorded",
+    "runtime", "throughput",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

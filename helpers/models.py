@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["MLP", "SmallCNN", "count_parameters"]
+__all__ = ["MLP", "SmallCNN", "ResNet", "TransformerBlock", "count_parameters"]
 
 
 def _positive(value, name: str) -> int:
@@ -66,6 +66,144 @@ class SmallCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.layers(x))
+
+
+class _Basic(nn.Module):
+    expansion = 1
+
+    def __init__(self, cin: int, width: int, stride: int):
+        super().__init__()
+        cout = width * self.expansion
+        self.conv1 = nn.Conv2d(cin, width, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = _downsample(cin, cout, stride)
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class _Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, cin: int, width: int, stride: int):
+        super().__init__()
+        cout = width * self.expansion
+        self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, cout, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = _downsample(cin, cout, stride)
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + identity)
+
+
+def _downsample(cin: int, cout: int, stride: int):
+    if stride == 1 and cin == cout:
+        return None
+    return nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+
+_RESNET_LAYOUT = {
+    18: (_Basic, (2, 2, 2, 2)), 34: (_Basic, (3, 4, 6, 3)), 50: (_Bottleneck, (3, 4, 6, 3)),
+    101: (_Bottleneck, (3, 4, 23, 3)), 152: (_Bottleneck, (3, 8, 36, 3)),
+}
+
+
+class ResNet(nn.Module):
+    """The ResNet family of He et al. (2016), laid out like torchvision's.
+
+    ``ResNet(152)`` has torchvision ``resnet152``'s 60,192,808 parameters; ``width`` scales
+    every layer (``width=8`` makes a CPU-sized network with the same structure). The residual
+    blocks are one flat ``nn.Sequential`` in ``self.layers`` (between ``self.stem`` and
+    ``self.head``), so they can be checkpointed in segments with ``checkpoint_sequential``.
+    Lessons 06 and 08 use it; its full-size versions are measured with fake tensors.
+
+    Args:
+        depth: 18, 34, 50, 101 or 152.
+        n_classes: outputs of the final linear layer.
+        in_channels: image channels.
+        width: channels of the first stage (64 in the paper).
+    """
+
+    def __init__(self, depth: int = 50, n_classes: int = 1000, in_channels: int = 3,
+                 width: int = 64):
+        super().__init__()
+        if depth not in _RESNET_LAYOUT:
+            raise ValueError(f"depth must be one of {sorted(_RESNET_LAYOUT)}, got {depth!r}")
+        _positive(n_classes, "n_classes")
+        _positive(in_channels, "in_channels")
+        _positive(width, "width")
+        block, counts = _RESNET_LAYOUT[depth]
+        self.depth = depth
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1),
+        )
+        blocks: list[nn.Module] = []
+        cin = width
+        for stage, count in enumerate(counts):
+            w = width * 2**stage
+            for i in range(count):
+                blocks.append(block(cin, w, 2 if (i == 0 and stage > 0) else 1))
+                cin = w * block.expansion
+        self.layers = nn.Sequential(*blocks)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                  nn.Linear(cin, n_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.layers(self.stem(x)))
+
+
+class TransformerBlock(nn.Module):
+    """A pre-norm transformer encoder block: self-attention and an MLP, each with a residual.
+
+    ``x + attention(norm(x))`` then ``x + mlp(norm(x))`` on ``(batch, tokens, d_model)``
+    inputs, with PyTorch's fused ``scaled_dot_product_attention`` (its memory grows with the
+    number of tokens, not with its square) and no dropout.
+
+    Args:
+        d_model: width of the token vectors.
+        n_heads: attention heads (must divide ``d_model``).
+        d_ff: hidden width of the MLP (default ``4 * d_model``).
+    """
+
+    def __init__(self, d_model: int = 128, n_heads: int = 4, d_ff: int | None = None):
+        super().__init__()
+        _positive(d_model, "d_model")
+        _positive(n_heads, "n_heads")
+        if d_model % n_heads:
+            raise ValueError(f"n_heads ({n_heads}) must divide d_model ({d_model})")
+        d_ff = 4 * d_model if d_ff is None else _positive(d_ff, "d_ff")
+        self.n_heads = n_heads
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.n_heads
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        attn = nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(self.act(self.fc1(self.ln2(x))))
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -21,13 +21,12 @@ Three tools, none of which imports torch or TensorFlow until it is used:
 * :func:`compare`: runs workloads side by side in one process, interleaved over rounds
   (best of each), and returns samples/s and speed-ups as a :class:`Comparison`.
 
-:func:`recorded_gpu_results` loads the numbers ``tests/gpu/throughput_gpu.py`` recorded on a
+:func:`throughput_gpu_results` loads the numbers ``tests/gpu/throughput_gpu.py`` recorded on a
 real GPU, if the kit has them.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -42,10 +41,11 @@ from .runtime import headless, in_kernel
 
 __all__ = [
     "SlowDataset", "StepTimer", "StepTimes", "compare", "Comparison", "RungResult",
-    "recorded_gpu_results", "RecordedResults", "RESULTS_DIR",
+    "throughput_gpu_results", "RecordedResults", "RESULTS_DIR", "RESULTS_NAME",
 ]
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "tests" / "gpu" / "results"
+RESULTS_NAME = "09_throughput"
 _WAIT_COLOUR, _COMPUTE_COLOUR, _UTIL_COLOUR = "#E69F00", "#0072B2", "#009E73"
 
 
@@ -589,39 +589,35 @@ class RecordedResults:
         return self.table().text()
 
 
-def recorded_gpu_results(name: str = "09_throughput", results_dir=None) -> RecordedResults | None:
-    """The GPU results recorded for lesson ``name``, or None when the kit has none.
+def throughput_gpu_results(results_dir=None) -> RecordedResults | None:
+    """The rungs ``tests/gpu/throughput_gpu.py`` recorded on a GPU, or None when the kit has none.
 
     Args:
-        name: the results file's stem (``tests/gpu/results/<name>.json``).
         results_dir: where to look (default: the kit's ``tests/gpu/results``).
 
-    A file that exists but is malformed raises ``ValueError`` saying what is wrong: a
-    broken record must not pass for "no record".
+    Reads ``09_throughput.json`` through :func:`helpers.recorded_gpu_results` (the kit's one
+    loader of recorded GPU results) and checks the rungs. A file that exists but is malformed
+    raises ``ValueError`` saying what is wrong: a broken record must not pass for "no record".
     """
-    if not isinstance(name, str) or not name or "/" in name or "\\" in name:
-        raise ValueError(f"name must be a file stem such as '09_throughput', got {name!r}")
-    folder = Path(results_dir) if results_dir is not None else RESULTS_DIR
-    path = folder / f"{name}.json"
-    if not path.is_file():
+    from .recorded import recorded_gpu_results
+
+    rec = recorded_gpu_results(RESULTS_NAME, directory=results_dir)
+    if rec is None:
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path.name} is not valid JSON: {exc}") from exc
+    data, name = rec.data, rec.path.name
     missing = [k for k in ("date", "hardware", "versions", "rungs") if k not in data]
     if missing:
-        raise ValueError(f"{path.name} lacks {', '.join(missing)}")
+        raise ValueError(f"{name} lacks {', '.join(missing)}")
     if "gpu" not in data["hardware"]:
-        raise ValueError(f"{path.name}: hardware names no GPU; only GPU runs are recorded")
+        raise ValueError(f"{name}: hardware names no GPU; only GPU runs are recorded")
     for rung in data["rungs"]:
         if not {"name", "samples_per_second", "speedup"} <= set(rung):
-            raise ValueError(f"{path.name}: each rung needs name, samples_per_second and "
+            raise ValueError(f"{name}: each rung needs name, samples_per_second and "
                              f"speedup, got {sorted(rung)}")
     try:
-        shown = str(path.relative_to(RESULTS_DIR.parent.parent.parent))
+        shown = str(rec.path.relative_to(RESULTS_DIR.parent.parent.parent))
     except ValueError:
-        shown = path.name
+        shown = name
     return RecordedResults(path=shown, date=str(data["date"]), hardware=dict(data["hardware"]),
                            versions=dict(data["versions"]), rungs=list(data["rungs"]),
                            notes=str(data.get("notes", "")))

@@ -28,9 +28,10 @@ from functools import partial
 from pathlib import Path
 
 import helpers
-from helpers.throughput import RESULTS_DIR
+from helpers.recorded import KIND
+from helpers.throughput import RESULTS_DIR, RESULTS_NAME
 
-NAME = "09_throughput"
+NAME = RESULTS_NAME
 
 
 def _cores() -> int:
@@ -209,7 +210,8 @@ def main(argv=None) -> int:
               f"{torch.version.cuda is not None}; NVML: {why}). Nothing recorded.")
         return 0
     device = torch.device(args.device)
-    result = {"lesson": NAME, "date": datetime.date.today().isoformat(),
+    result = {"kind": KIND, "script": "tests/gpu/throughput_gpu.py", "lesson": NAME,
+              "date": datetime.date.today().isoformat(),
               "hardware": hardware(device), "versions": versions(),
               "notes": "measured by tests/gpu/throughput_gpu.py" + (" --quick" if args.quick
                                                                     else "")}

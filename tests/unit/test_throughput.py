@@ -13,6 +13,7 @@ import pytest
 
 import helpers
 from helpers import nvml, throughput
+from helpers.recorded import KIND
 from helpers.throughput import (
     Comparison,
     RungResult,
@@ -20,7 +21,7 @@ from helpers.throughput import (
     StepTimer,
     StepTimes,
     compare,
-    recorded_gpu_results,
+    throughput_gpu_results,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -295,7 +296,7 @@ def test_compare_insists_on_the_same_work_every_round():
 
 # ------------------------------------------------------------------ recorded results
 def record(**overrides):
-    data = {"lesson": "09_throughput", "date": "2027-01-15",
+    data = {"kind": KIND, "lesson": "09_throughput", "date": "2027-01-15",
             "hardware": {"gpu": "NVIDIA H100 80GB HBM3", "cpu_cores": 16},
             "versions": {"torch": "2.13.0", "cuda": "12.8"},
             "rungs": [{"part": "PyTorch input", "name": "0 workers (baseline)",
@@ -307,12 +308,12 @@ def record(**overrides):
 
 
 def test_no_record_means_none(tmp_path):
-    assert recorded_gpu_results("09_throughput", results_dir=tmp_path) is None
+    assert throughput_gpu_results(results_dir=tmp_path) is None
 
 
 def test_a_record_loads_and_prints_labelled(tmp_path):
     (tmp_path / "09_throughput.json").write_text(json.dumps(record()))
-    rec = recorded_gpu_results("09_throughput", results_dir=tmp_path)
+    rec = throughput_gpu_results(results_dir=tmp_path)
     assert rec.hardware["gpu"] == "NVIDIA H100 80GB HBM3" and rec.path == "09_throughput.json"
     lines = rec.table().text().splitlines()
     assert lines[0] == ("Recorded on NVIDIA H100 80GB HBM3 (2027-01-15; torch 2.13.0, "
@@ -324,24 +325,19 @@ def test_a_record_loads_and_prints_labelled(tmp_path):
 
 @pytest.mark.parametrize("content, error", [
     ("{not json", "not valid JSON"),
-    (json.dumps({"date": "x"}), "lacks hardware, versions, rungs"),
+    (json.dumps({"date": "x"}), "not a recorded GPU results file"),
+    (json.dumps({"kind": KIND, "date": "x"}), "lacks hardware, versions, rungs"),
     (json.dumps(record(hardware={"cpu_cores": 2})), "names no GPU"),
     (json.dumps(record(rungs=[{"name": "a"}])), "each rung needs"),
 ])
 def test_broken_records_are_errors_not_silence(tmp_path, content, error):
     (tmp_path / "09_throughput.json").write_text(content)
     with pytest.raises(ValueError, match=error):
-        recorded_gpu_results("09_throughput", results_dir=tmp_path)
-
-
-@pytest.mark.parametrize("name", ["", "../x", 9, "a/b"])
-def test_recorded_results_name_is_a_file_stem(name):
-    with pytest.raises(ValueError, match="file stem"):
-        recorded_gpu_results(name)
+        throughput_gpu_results(results_dir=tmp_path)
 
 
 def test_the_kits_record_if_present_is_valid():
-    rec = recorded_gpu_results()
+    rec = throughput_gpu_results()
     if rec is not None:
         assert rec.rungs and rec.hardware["gpu"]
 
@@ -360,7 +356,7 @@ def test_gpu_script_without_a_gpu_records_nothing():
     assert out.returncode == 0, out.stderr
     assert "No CUDA GPU here" in out.stdout and "Nothing recorded" in out.stdout
     assert not (ROOT / "tests" / "gpu" / "results" / "09_throughput.json").exists() or \
-        recorded_gpu_results() is not None  # a real record from a GPU run may be committed
+        throughput_gpu_results() is not None  # a real record from a GPU run may be committed
 
 
 def test_gpu_script_cpu_mode_needs_an_explicit_file():
@@ -376,14 +372,15 @@ def test_gpu_script_writes_the_record_format(tmp_path):
                           str(target)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     data = json.loads(target.read_text())
-    assert {"lesson", "date", "hardware", "versions", "rungs", "settings"} <= set(data)
+    assert {"kind", "lesson", "date", "hardware", "versions", "rungs", "settings"} <= set(data)
     assert "gpu" not in data["hardware"]  # a CPU run never passes for a GPU record
     names = [r["name"] for r in data["rungs"]]
     assert names[0] == "0 workers (baseline)" and "+ batch 256" in names
     assert "+ torch.compile" not in names  # GPU rungs only run on a GPU
     assert all(r["samples_per_second"] > 0 for r in data["rungs"])
+    target.rename(tmp_path / "09_throughput.json")
     with pytest.raises(ValueError, match="names no GPU"):
-        recorded_gpu_results("run", results_dir=tmp_path)
+        throughput_gpu_results(results_dir=tmp_path)
 
 
 def test_live_view_keeps_ordinary_steps_visible_next_to_one_slow_start():

@@ -1,0 +1,18 @@
+"""Exact memory accounting for training steps, and a virtual GPU that really runs out of memory.
+
+The kit's memory lessons (04-08) stand on this package.  Public names are exported lazily from
+:mod:`helpers` (``helpers.VirtualGPU``, ``helpers.measure_step``, ...); this ``__init__`` imports
+nothing heavy, and only the modules that need torch (``engine``, ``virtual``, ``measure``) or
+TensorFlow (``keras``) import it, when they are used.
+
+Modules:
+
+* :mod:`.capacity`  -- ``parse_capacity`` and ``KNOWN_GPUS`` (driver-reported card totals);
+* :mod:`.allocator` -- exact counting and a simulation of PyTorch's CUDA caching allocator;
+* :mod:`.state`     -- ``current_virtual_gpu()`` (no torch needed to ask);
+* :mod:`.engine`    -- the dispatch mode that sees every tensor storage come and go;
+* :mod:`.virtual`   -- ``VirtualGPU`` and ``full_scale`` (fake tensors);
+* :mod:`.measure`   -- ``measure_step``;  :mod:`.report` -- ``MemoryReport`` and its timeline;
+* :mod:`.keras`     -- ``measure_keras_step`` for TensorFlow/Keras;
+* ``helpers.recorded`` (outside this package) loads results the GPU test scripts wrote.
+"""

@@ -1,0 +1,279 @@
+"""``measure_step``: exact memory of a training step, by category, phase and operation.
+
+::
+
+    def step():
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+
+    report = helpers.measure_step(step, model=model, optimizer=optimizer, steps=2)
+    report                      # a table: parameters, gradients, optimizer state, activations...
+    report.plot_timeline()      # live memory after every operation, phases shaded, peak marked
+
+On the CPU (and in full-scale mode) the numbers are exact bytes of live tensor storages. On a
+CUDA device the same call also reads the real allocator's statistics (``report.cuda``).
+Inside a ``VirtualGPU`` the report uses the virtual GPU's accounting (and its rounding).
+Used by lessons 04-08.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import nn
+
+from . import state
+from .engine import Engine, Recorder, optimizer_state_tensors, tensors_in
+from .report import CATEGORIES, PHASES, CudaStats, MemoryReport, StepMemory, Timeline
+
+__all__ = ["measure_step"]
+
+
+def _device_type(device, model, inputs) -> str:
+    if device is not None:
+        try:
+            return torch.device(device).type
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device {device!r} is not a torch device") from None
+    for t in tensors_in([model, inputs]):
+        return t.device.type
+    from ..environment import pick_device
+
+    return pick_device().type
+
+
+def measure_step(step, *, model=None, optimizer=None, inputs=None, steps: int = 1,
+                 device=None, title: str | None = None,
+                 track_modules: bool = True) -> MemoryReport:
+    """Run ``step()`` and measure exactly what it holds in memory, when and why.
+
+    Args:
+        step: a function without arguments that runs one training step (forward, backward,
+            optimizer step) or anything else to measure (e.g. inference under ``no_grad``).
+        model: the ``nn.Module`` it trains: its parameters and buffers count as
+            "parameters", their ``.grad`` as "gradients", and operations are attributed to
+            its submodules.
+        optimizer: its optimizer (or a list of them): state tensors count as "optimizer
+            state". Adam's state appears during the first step, so measure ``steps=2`` to see
+            the first step and the steady state.
+        inputs: tensors (or a list/tuple/dict of them) that the step reads, counted as
+            "inputs" from the start. Other tensors made before the step are counted from the
+            first operation that uses them.
+        steps: how many times to call ``step()``; each call is reported (``report.steps``).
+        device: the device whose memory to count; by default that of the model's
+            parameters (or the inputs), else ``helpers.pick_device()``.
+        title: a name for the report ("training step").
+        track_modules: attribute operations to modules (small cost; on by default).
+
+    Returns:
+        A :class:`MemoryReport`: ``peak_bytes``, ``at_peak`` and ``category_max`` (bytes by
+        category), ``phase_peaks`` (forward, backward, optimizer), ``steps``,
+        ``first_step``/``steady_state``, ``timeline``, ``plot_timeline()``, ``text()``, and
+        ``cuda`` (the real allocator's statistics, on CUDA).
+
+    Raises:
+        torch.OutOfMemoryError: inside a ``VirtualGPU`` that runs out; the partial report
+            is attached to the error as ``memory_report``.
+    """
+    if not callable(step):
+        raise TypeError(
+            f"step must be a function without arguments (e.g. `def step(): ...`), got "
+            f"{type(step).__name__}: {step!r}"
+        )
+    if isinstance(step, (nn.Module, torch.Tensor)):
+        raise TypeError("step must be a function that runs the step, not a model or tensor: "
+                        "pass the model as model=...")
+    if model is not None and not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
+    optimizers = _optimizers(optimizer)
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if inputs is not None and not any(True for _ in tensors_in(inputs)):
+        raise TypeError("inputs must be a tensor or a list/tuple/dict of tensors")
+    if not isinstance(track_modules, bool):
+        raise TypeError(f"track_modules must be True or False, got {track_modules!r}")
+    if title is not None and not isinstance(title, str):
+        raise TypeError(f"title must be a string, got {type(title).__name__}")
+    if title is None:
+        title = f"{type(model).__name__} training step" if model is not None else "step"
+
+    gpu = state.current_virtual_gpu()
+    if gpu is not None:
+        engine, own = gpu._engine, False
+        if engine.recorder is not None:
+            raise RuntimeError("measure_step cannot be nested in another measure_step")
+        dev = gpu.device_type
+    else:
+        dev = _device_type(device, model, inputs)
+        engine, own = Engine(device_type=dev), True
+    from torch._guards import active_fake_mode
+
+    fake = active_fake_mode() is not None
+    use_cuda = dev == "cuda" and not fake and torch.cuda.is_available()
+
+    if own:
+        engine.__enter__()
+    recorder = None
+    try:
+        for rec in list(engine.live.values()):
+            rec.label = "other"
+        params = _params(model, optimizers)
+        engine.adopt(params, "parameters")
+        if model is not None:
+            engine.adopt(list(model.buffers()), "parameters")
+        engine.adopt([p.grad for p in params if p.grad is not None], "gradients")
+        for opt in optimizers:
+            engine.adopt(optimizer_state_tensors(opt), "optimizer_state")
+        if inputs is not None:
+            engine.adopt(inputs, "inputs")
+        recorder = Recorder(engine, model=model, track_modules=track_modules)
+        recorder.baseline = list(engine.live.values())
+        baseline_bytes = engine.live_bytes
+        cuda_before = _cuda_start(dev) if use_cuda else None
+        recorder.start(params, optimizers)
+        for i in range(1, steps + 1):
+            recorder.begin_step(i)
+            step()
+            recorder.end_step()
+    except torch.OutOfMemoryError as err:
+        if recorder is not None:
+            recorder.stop()
+            if recorder.points:
+                err.memory_report = _build(recorder, engine, gpu, title, dev, fake,
+                                           baseline_bytes, None)
+        raise
+    finally:
+        if recorder is not None:
+            recorder.stop()
+        if own:
+            engine.__exit__(None, None, None)
+    cuda = _cuda_stop(dev, cuda_before) if use_cuda else None
+    return _build(recorder, engine, gpu, title, dev, fake, baseline_bytes, cuda)
+
+
+def _optimizers(optimizer) -> list:
+    if optimizer is None:
+        return []
+    opts = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    for opt in opts:
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(
+                f"optimizer must be a torch.optim.Optimizer (or a list of them), got "
+                f"{type(opt).__name__}"
+            )
+    return opts
+
+
+def _params(model, optimizers) -> list:
+    seen, out = set(), []
+    sources = [] if model is None else list(model.parameters())
+    for opt in optimizers:
+        for group in opt.param_groups:
+            sources.extend(group["params"])
+    for p in sources:
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def _cuda_start(dev):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+def _cuda_stop(dev, before) -> CudaStats:
+    torch.cuda.synchronize()
+    i = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(i)
+    return CudaStats(
+        device_name=props.name, total_bytes=int(props.total_memory),
+        allocated_before_bytes=int(before),
+        peak_allocated_bytes=int(torch.cuda.max_memory_allocated()),
+        peak_reserved_bytes=int(torch.cuda.max_memory_reserved()),
+        allocated_after_bytes=int(torch.cuda.memory_allocated()),
+        reserved_after_bytes=int(torch.cuda.memory_reserved()),
+    )
+
+
+def _build(recorder: Recorder, engine: Engine, gpu, title, dev, fake, baseline_bytes,
+           cuda) -> MemoryReport:
+    """Replay the recorded events with each storage's final category into a report."""
+    totals = dict.fromkeys(CATEGORIES, 0)
+    for rec in recorder.baseline:
+        totals[rec.label] += rec.nbytes
+    cols = {k: [] for k in ("point", "step", "phase", "op", "module", "total", *CATEGORIES,
+                            "allocated", "reserved")}
+    events = recorder.events
+    ei = 0
+    for k, p in enumerate(recorder.points):
+        while ei < p.n_events:
+            rec, delta = events[ei]
+            totals[rec.label] += delta
+            ei += 1
+        cols["point"].append(k)
+        cols["step"].append(p.step)
+        cols["phase"].append(p.phase)
+        cols["op"].append(p.op)
+        cols["module"].append(p.module)
+        cols["total"].append(p.live)
+        for c in CATEGORIES:
+            cols[c].append(totals[c])
+        cols["allocated"].append(p.allocated)
+        cols["reserved"].append(p.reserved)
+    n = len(cols["point"])
+
+    def peak_index(idx):
+        return max(idx, key=lambda i: (cols["total"][i], -i))
+
+    steps = []
+    for s in sorted(set(cols["step"])):
+        idx = [i for i in range(n) if cols["step"][i] == s]
+        ip = peak_index(idx)
+        phase_peaks = {}
+        for ph in PHASES:
+            vals = [cols["total"][i] for i in idx
+                    if cols["phase"][i] == ph and cols["op"][i] not in _MARKS]
+            if vals:
+                phase_peaks[ph] = max(vals)
+        steps.append(StepMemory(
+            step=s, peak_bytes=cols["total"][ip], peak_phase=cols["phase"][ip],
+            peak_op=cols["op"][ip], peak_module=cols["module"][ip],
+            at_peak={c: cols[c][ip] for c in CATEGORIES}, phase_peaks=phase_peaks,
+            start_bytes=cols["total"][idx[0]], end_bytes=cols["total"][idx[-1]],
+            peak_reserved_bytes=max(cols["reserved"][i] for i in idx),
+        ))
+    ip = peak_index(range(n))
+    phase_peaks = {}
+    for ph in PHASES:
+        vals = [s.phase_peaks[ph] for s in steps if ph in s.phase_peaks]
+        if vals:
+            phase_peaks[ph] = max(vals)
+    rounding = bool(getattr(engine.allocator, "rounding", False))
+    report = MemoryReport(
+        peak_bytes=cols["total"][ip], peak_step=cols["step"][ip],
+        peak_phase=cols["phase"][ip], peak_op=cols["op"][ip], peak_module=cols["module"][ip],
+        at_peak={c: cols[c][ip] for c in CATEGORIES},
+        category_max={c: max(cols[c]) for c in CATEGORIES},
+        phase_peaks=phase_peaks, steps=steps, baseline_bytes=baseline_bytes,
+        end_bytes=cols["total"][-1], timeline=Timeline(cols), device=dev, fake=fake,
+        title=title, virtual_gpu=None if gpu is None else gpu.name,
+        capacity_bytes=None if gpu is None else gpu.capacity_bytes,
+        context_bytes=0 if gpu is None else gpu.context_bytes, rounding=rounding,
+        peak_allocated_bytes=max(cols["allocated"]), peak_reserved_bytes=max(cols["reserved"]),
+        cuda=cuda,
+    )
+    if recorder.oom is not None:
+        err, phase, module, op = recorder.oom
+        where = f"{phase}" + (f", in {module}" if module else "")
+        report.notes.append(
+            f"ran out of memory ({where}): could not allocate {err.alloc_size:,} more bytes"
+        )
+    return report
+
+
+_MARKS = ("start", "end")

@@ -1,0 +1,301 @@
+"""GPU checks of the memory engine: predictions made without a GPU against a real one.
+
+On a machine with a CUDA GPU::
+
+    python tests/gpu/test_memory_gpu.py        # runs the checks, prints them, writes the results
+    python -m pytest tests/gpu -m gpu -q       # the same checks as tests
+
+Without a GPU the tests skip with the reason, and the script says so and exits 0
+(``--selftest-cpu`` runs the same code paths with the CPU standing in for the GPU, to check
+the script itself; it writes no results).
+
+What it checks:
+
+1. Peak memory: each model's training step (2 steps, Adam) is predicted in full-scale mode
+   (fake tensors on the CPU, CUDA-like allocator rounding) and measured on the GPU with
+   ``torch.cuda.max_memory_allocated``. Target: within 5% for activation-dominated models.
+   Memory the GPU run allocates that is no tensor (cuBLAS/cuDNN workspaces) is reported
+   separately.
+2. Out-of-memory batch size: the largest batch that fits a capacity, found with a
+   ``VirtualGPU`` and on the real GPU capped with ``torch.cuda.set_per_process_memory_fraction``.
+   Target: the same or the adjacent batch size on the search grid.
+
+Results (hardware, driver, versions, date, figures) go to ``tests/gpu/results/memory.json``,
+which lessons show on CPU machines, labelled, through ``helpers.recorded_gpu_results()``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import platform
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import helpers  # noqa: E402
+from helpers.recorded import KIND, RESULTS_DIR  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+NO_GPU = "needs a CUDA GPU (torch.cuda.is_available() is False): run it on a GPU machine"
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
+
+# name -> (batch for the peak check, activation-dominated?)
+MODELS = {"mlp": (4096, True), "transformer": (32, True), "cnn": (256, False),
+          "resnet18": (64, False)}
+PEAK_TOLERANCE = 0.05
+OOM_CAPACITY = "2 GiB"
+
+
+def build(name: str, batch: int, device: str):
+    """Model, optimizer, batch and a step function, on ``device``."""
+    torch.manual_seed(0)
+    if name == "mlp":
+        model = helpers.MLP(256, 1024, 6, 10)
+        x = torch.randn(batch, 256, device=device)
+        y = torch.randint(0, 10, (batch,), device=device)
+    elif name == "transformer":
+        model = helpers.TransformerBlock(256, 8)
+        x = torch.randn(batch, 256, 256, device=device)
+        y = torch.randn(batch, 256, 256, device=device)
+    elif name == "cnn":
+        model = helpers.SmallCNN(3, 10, 32)
+        x = torch.randn(batch, 3, 32, 32, device=device)
+        y = torch.randint(0, 10, (batch,), device=device)
+    elif name == "resnet18":
+        model = helpers.ResNet(18, n_classes=100)
+        x = torch.randn(batch, 3, 112, 112, device=device)
+        y = torch.randint(0, 100, (batch,), device=device)
+    else:
+        raise ValueError(f"unknown model {name!r}")
+    model = model.to(device)
+    opt = torch.optim.Adam(model.parameters())
+    loss_fn = nn.functional.mse_loss if name == "transformer" else nn.functional.cross_entropy
+
+    def step():
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    return model, opt, x, y, step
+
+
+def predict(name: str, batch: int) -> dict:
+    """Full-scale prediction on the CPU: fake tensors, CUDA-like rounding, no GPU."""
+    with helpers.VirtualGPU("1 TiB", rounding=True, fake=True, device="cpu"):
+        model, opt, x, y, step = build(name, batch, "cpu")
+        r = helpers.measure_step(step, model=model, optimizer=opt, inputs=(x, y), steps=2)
+    return {"tensor_peak_bytes": r.peak_bytes, "predicted_peak_bytes": r.peak_allocated_bytes,
+            "predicted_reserved_bytes": r.peak_reserved_bytes}
+
+
+def cleanup() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def measure_on_gpu(name: str, batch: int, device: str = "cuda") -> dict:
+    """The real GPU: max_memory_allocated around the same steps, and non-tensor memory."""
+    cleanup()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    with helpers.VirtualGPU("1 TiB", rounding=True, device=device) as gpu:
+        model, opt, x, y, step = build(name, batch, device)
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+        tracked = gpu.allocated_bytes  # live tensors, in 512-byte blocks
+        real = torch.cuda.memory_allocated() - start
+    out = {"cuda_peak_allocated_bytes": torch.cuda.max_memory_allocated() - start,
+           "cuda_peak_reserved_bytes": torch.cuda.max_memory_reserved(),
+           "nontensor_bytes": real - tracked}  # cuBLAS/cuDNN workspaces and the like
+    del model, opt, x, y, step
+    cleanup()
+    return out
+
+
+def peak_check(name: str, gpu_measure=measure_on_gpu) -> dict:
+    batch, act_dominated = MODELS[name]
+    row = {"model": name, "batch": batch, "activation_dominated": act_dominated}
+    row.update(predict(name, batch))
+    row.update(gpu_measure(name, batch))
+    # the prediction counts tensors; the GPU's peak also holds its workspaces
+    real = row["cuda_peak_allocated_bytes"] - max(0, row["nontensor_bytes"])
+    row["relative_error"] = abs(row["predicted_peak_bytes"] - real) / real
+    row["within_target"] = row["relative_error"] <= PEAK_TOLERANCE
+    return row
+
+
+def _two_steps_fit(name: str, batch: int, device: str) -> bool:
+    """Build and run two steps; everything they made is freed when this returns."""
+    try:
+        *_, step = build(name, batch, device)
+        for _ in range(2):
+            step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return True
+    except torch.OutOfMemoryError:
+        return False
+
+
+def fits_virtual(name: str, batch: int, capacity: int) -> bool:
+    with helpers.VirtualGPU(capacity, rounding=True, fake=True, device="cpu"):
+        return _two_steps_fit(name, batch, "cpu")
+
+
+def fits_real(name: str, batch: int, capacity: int) -> bool:
+    cleanup()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(capacity / total)
+    try:
+        return _two_steps_fit(name, batch, "cuda")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        cleanup()
+
+
+def largest_batch(fits, grid: list[int]) -> int:
+    """The largest batch on ``grid`` that fits (binary search; 0 if none)."""
+    lo, hi = -1, len(grid)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(grid[mid]):
+            lo = mid
+        else:
+            hi = mid
+    return grid[lo] if lo >= 0 else 0
+
+
+def oom_check(name: str = "mlp", capacity=OOM_CAPACITY, real_fits=fits_real) -> dict:
+    cap = helpers.parse_capacity(capacity)
+    grid = list(range(64, 16384 + 1, 64))
+    virtual = largest_batch(lambda b: fits_virtual(name, b, cap), grid)
+    real = largest_batch(lambda b: real_fits(name, b, cap), grid)
+    step = grid[1] - grid[0]
+    return {"model": name, "capacity_bytes": cap, "grid_step": step,
+            "virtual_max_batch": virtual, "real_max_batch": real,
+            "same_or_adjacent": abs(virtual - real) <= step}
+
+
+def hardware() -> dict:
+    props = torch.cuda.get_device_properties(0)
+    hw = {"gpu": props.name, "total_bytes": int(props.total_memory),
+          "torch": torch.__version__, "cuda": torch.version.cuda,
+          "cudnn": str(torch.backends.cudnn.version()), "python": platform.python_version()}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        hw["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        pynvml.nvmlShutdown()
+    except Exception as exc:  # NVML missing: record why
+        hw["driver"] = f"unknown ({type(exc).__name__})"
+    return hw
+
+
+def run_all(write: bool = True) -> dict:
+    results = {
+        "kind": KIND, "script": "tests/gpu/test_memory_gpu.py",
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "hardware": hardware(), "peak_tolerance": PEAK_TOLERANCE,
+        "peaks": [peak_check(name) for name in MODELS], "oom": oom_check(),
+    }
+    if write:
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        (RESULTS_DIR / "memory.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def format_results(results: dict) -> str:
+    from helpers.fmt import Table, fmt_bytes
+
+    rows = [[p["model"], p["batch"], fmt_bytes(p["predicted_peak_bytes"]),
+             fmt_bytes(p["cuda_peak_allocated_bytes"]), fmt_bytes(p["nontensor_bytes"]),
+             f"{p['relative_error']:.1%}", "yes" if p["within_target"] else "NO"]
+            for p in results["peaks"]]
+    table = Table(["model", "batch", "predicted", "GPU peak", "non-tensor", "error",
+                   "within 5%"], rows)
+    o = results["oom"]
+    return (f"{results['hardware']['gpu']} (driver {results['hardware']['driver']}, "
+            f"torch {results['hardware']['torch']})\n{table.text()}\n"
+            f"largest batch in {fmt_bytes(o['capacity_bytes'])}: virtual GPU "
+            f"{o['virtual_max_batch']}, real GPU {o['real_max_batch']} "
+            f"(grid step {o['grid_step']}; same or adjacent: {o['same_or_adjacent']})")
+
+
+# ---------------------------------------------------------------- as tests
+@pytest.fixture(scope="module")
+def gpu_results():
+    results = run_all(write=True)
+    print(format_results(results))
+    return results
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", [n for n, (_, act) in MODELS.items() if act])
+def test_predicted_peak_matches_the_gpu(gpu_results, name):
+    row = next(p for p in gpu_results["peaks"] if p["model"] == name)
+    assert row["within_target"], row
+
+
+@requires_cuda
+def test_oom_batch_size_matches_the_gpu(gpu_results):
+    assert gpu_results["oom"]["same_or_adjacent"], gpu_results["oom"]
+
+
+def test_skips_without_a_gpu_with_the_reason():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the checks above ran")
+    done = __import__("subprocess").run([sys.executable, __file__], capture_output=True,
+                                        text=True, timeout=120)
+    assert done.returncode == 0 and "needs a CUDA GPU" in done.stdout
+
+
+# ---------------------------------------------------------------- as a script
+def _selftest_cpu() -> dict:
+    """Run every code path with the CPU standing in for the GPU (no results written)."""
+    def cpu_measure(name, batch):
+        model, opt, x, y, step = build(name, batch, "cpu")
+        r = helpers.measure_step(step, model=model, optimizer=opt, inputs=(x, y), steps=2)
+        with helpers.VirtualGPU("1 TiB", rounding=True, device="cpu") as gpu:
+            step()
+        return {"cuda_peak_allocated_bytes": gpu.peak_allocated_bytes,
+                "cuda_peak_reserved_bytes": gpu.peak_reserved_bytes,
+                "nontensor_bytes": 0, "exact_peak_bytes": r.peak_bytes}
+
+    def cpu_fits(name, batch, capacity):
+        with helpers.VirtualGPU(capacity, rounding=True, device="cpu"):
+            return _two_steps_fit(name, batch, "cpu")
+
+    return {"peaks": [peak_check("cnn", cpu_measure)],
+            "oom": oom_check("mlp", "256 MiB", real_fits=cpu_fits)}
+
+
+def main(argv: list[str]) -> int:
+    if "--selftest-cpu" in argv:
+        out = _selftest_cpu()
+        print(json.dumps(out, indent=2))
+        ok = out["oom"]["same_or_adjacent"] and out["peaks"][0]["relative_error"] < 0.05
+        return 0 if ok else 1
+    if not torch.cuda.is_available():
+        print(f"skipped: {NO_GPU}. Nothing was measured or written.")
+        return 0
+    results = run_all(write=True)
+    print(format_results(results))
+    print(f"written: {RESULTS_DIR / 'memory.json'}")
+    ok = all(p["within_target"] for p in results["peaks"] if p["activation_dominated"])
+    return 0 if ok and results["oom"]["same_or_adjacent"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
