@@ -20,6 +20,9 @@ TF_ENV = {
     "TF_CPP_MIN_LOG_LEVEL": "2",
     "TF_ENABLE_ONEDNN_OPTS": "0",
     "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+    # with oneDNN off, tf.config.experimental.get_memory_info("CPU:0") has no statistics
+    # unless the CPU allocator is TensorFlow's BFC allocator (lessons 02, 04, 06, 07 use them)
+    "TF_CPU_ALLOCATOR_USE_BFC": "true",
 }
 
 # cuBLAS needs a fixed workspace to be deterministic; harmless on CPU builds.
@@ -52,7 +55,9 @@ class SetupReport:
                          f" CUBLAS_WORKSPACE_CONFIG={s['CUBLAS_WORKSPACE_CONFIG']}")
         tf_line = (f"TensorFlow: quiet start (TF_CPP_MIN_LOG_LEVEL={s['TF_CPP_MIN_LOG_LEVEL']}, "
                    f"TF_ENABLE_ONEDNN_OPTS={s['TF_ENABLE_ONEDNN_OPTS']}), GPU memory grows "
-                   f"on demand (TF_FORCE_GPU_ALLOW_GROWTH={s['TF_FORCE_GPU_ALLOW_GROWTH']})")
+                   f"on demand (TF_FORCE_GPU_ALLOW_GROWTH={s['TF_FORCE_GPU_ALLOW_GROWTH']}), "
+                   f"CPU memory statistics (TF_CPU_ALLOCATOR_USE_BFC="
+                   f"{s['TF_CPU_ALLOCATOR_USE_BFC']})")
         lines.append(tf_line)
         if "tensorflow GPU memory" in s:
             lines.append(f"TensorFlow GPUs: {s['tensorflow GPU memory']}")
