@@ -88,12 +88,21 @@ _EXPORTS = {
     "parse_capacity": "memory.capacity",
     "KNOWN_GPUS": "memory.capacity",
     "measure_keras_step": "memory.keras",
+    # mixed precision (issue 7)
+    "amp_settings": "amp",
+    "AmpSettings": "amp",
+    "trace_dtypes": "amp",
+    "compare_memory": "amp",
+    "compare_times": "timing",
+    "keras_mixed_policy": "keras_amp",
+    "keras_policy": "keras_amp",
+    "onednn_setting": "keras_amp",
 }
 
 _SUBMODULES = {
-    "build", "checkpoint", "data", "device", "environment", "exercises", "fmt", "gauge",
-    "instructor", "launch", "liveplot", "memory", "models", "nvml", "progress", "recorded",
-    "runtime", "throughput",
+    "amp", "build", "checkpoint", "data", "device", "environment", "exercises", "fmt", "gauge",
+    "instructor", "keras_amp", "launch", "liveplot", "memory", "models", "nvml", "progress",
+    "recorded", "runtime", "throughput", "timing",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

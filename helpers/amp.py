@@ -1,0 +1,378 @@
+"""Mixed precision in PyTorch, made visible (lesson 07).
+
+* :func:`amp_settings`: the autocast dtype for a device and whether a ``GradScaler`` is
+  needed (fp16: yes; bf16: no), with the reason;
+* :func:`trace_dtypes`: run a function and list the operations that ran, with the dtypes
+  they read and produced, so you can see what autocast casts and what it keeps in fp32;
+* :func:`compare_memory`: memory reports of the same step in different precisions, side by
+  side, with the ratio of each category to a baseline.
+
+Imports torch (load it through ``helpers``: ``helpers.amp_settings``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .fmt import Table, fmt_bytes, fmt_ratio, fmt_seconds
+
+__all__ = ["AmpSettings", "amp_settings", "trace_dtypes", "DtypeTrace", "OpDtypes",
+           "compare_memory", "MemoryComparison", "parse_dtype", "short_name",
+           "recorded_tables"]
+
+_DTYPES = {
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+}
+_SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+          torch.float64: "fp64"}
+
+
+def parse_dtype(dtype) -> torch.dtype:
+    """``"bf16"``/``"bfloat16"``/``torch.bfloat16`` or ``"fp16"``/``"float16"``/``"half"``/
+    ``torch.float16`` as a torch dtype (the two autocast can use)."""
+    if isinstance(dtype, torch.dtype) and dtype in (torch.bfloat16, torch.float16):
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    raise ValueError(
+        "dtype must be torch.bfloat16 or torch.float16 (or 'bf16', 'bfloat16', 'fp16', "
+        f"'float16', 'half'), got {dtype!r}"
+    )
+
+
+def short_name(dtype) -> str:
+    """``torch.bfloat16`` -> ``"bf16"`` (other dtypes: their name without ``torch.``)."""
+    return _SHORT.get(dtype, str(dtype).removeprefix("torch."))
+
+
+@dataclass(frozen=True)
+class AmpSettings:
+    """How to run mixed precision on one kind of device.
+
+    ``dtype`` is what autocast computes in, ``use_scaler`` whether gradients need loss
+    scaling (fp16, whose range is small) or not (bf16, which has fp32's range).
+    """
+
+    device_type: str
+    dtype: torch.dtype
+    use_scaler: bool
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return short_name(self.dtype)
+
+    def autocast(self, enabled: bool = True) -> torch.autocast:
+        """``torch.amp.autocast(device_type=..., dtype=...)`` for these settings."""
+        return torch.amp.autocast(device_type=self.device_type, dtype=self.dtype,
+                                  enabled=enabled)
+
+    def grad_scaler(self, **kwargs) -> torch.amp.GradScaler:
+        """``torch.amp.GradScaler(device)``, enabled only where it is needed (fp16)."""
+        return torch.amp.GradScaler(self.device_type, enabled=self.use_scaler, **kwargs)
+
+    def text(self) -> str:
+        scaler = "GradScaler needed" if self.use_scaler else "no GradScaler needed"
+        return f"{self.device_type}: autocast to {self.name} ({scaler}): {self.reason}"
+
+    def __repr__(self) -> str:
+        return self.text()
+
+
+def _device_type(device) -> str:
+    if device is None:
+        from .environment import pick_device
+
+        return pick_device().type
+    try:
+        return torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"device must be a torch device or a string such as 'cpu', 'cuda' or 'cuda:0', "
+            f"got {device!r}"
+        ) from None
+
+
+def amp_settings(device=None, dtype=None) -> AmpSettings:
+    """The autocast dtype to use on ``device`` and whether a ``GradScaler`` is needed.
+
+    Args:
+        device: a torch device or its name (default: ``helpers.pick_device()``).
+        dtype: insist on ``"bf16"`` or ``"fp16"`` (or the torch dtypes); by default the best
+            for the device: bf16 on CPUs and on GPUs that support it (NVIDIA Ampere and
+            newer), fp16 on older NVIDIA GPUs and on Apple's MPS.
+
+    Returns:
+        :class:`AmpSettings` with ``autocast()`` and ``grad_scaler()`` ready to use.
+    """
+    kind = _device_type(device)
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"mixed precision settings are known for cpu, cuda and mps devices, "
+                         f"not {kind!r}")
+    if dtype is not None:
+        chosen = parse_dtype(dtype)
+        reason = "asked for"
+    elif kind == "cuda":
+        if not torch.cuda.is_available():
+            chosen, reason = torch.float16, ("no CUDA GPU here to ask about bf16; every "
+                                             "NVIDIA GPU computes fp16")
+        elif torch.cuda.is_bf16_supported(including_emulation=False):
+            chosen, reason = torch.bfloat16, "this GPU computes bf16 natively"
+        else:
+            chosen, reason = torch.float16, "bf16 needs an Ampere or newer NVIDIA GPU"
+    elif kind == "mps":
+        chosen, reason = torch.float16, "Apple GPUs compute fp16 natively"
+    else:
+        chosen, reason = torch.bfloat16, ("CPU autocast supports bf16 best (fp16 is slow "
+                                          "on most CPUs)")
+    return AmpSettings(kind, chosen, chosen == torch.float16, reason)
+
+
+# ------------------------------------------------------------------------------ tracing
+@dataclass(frozen=True)
+class OpDtypes:
+    """One ATen operation as it ran: the dtypes it read and produced, and how often."""
+
+    op: str
+    inputs: tuple[str, ...]
+    output: str
+    calls: int
+
+
+def _is_view(func) -> bool:
+    try:
+        returns = func._schema.returns
+    except AttributeError:  # pragma: no cover
+        return False
+    return bool(returns) and all(r.alias_info is not None for r in returns)
+
+
+def _float_dtypes(obj, out: list) -> None:
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point():
+            out.append(short_name(obj.dtype))
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _float_dtypes(x, out)
+
+
+class _Tracer(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.counts: dict[tuple, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not _is_view(func):
+            ins: list[str] = []
+            _float_dtypes(list(args) + list((kwargs or {}).values()), ins)
+            outs: list[str] = []
+            _float_dtypes(out, outs)
+            if ins or outs:
+                key = (func._overloadpacket.__name__, tuple(ins), outs[0] if outs else "-")
+                self.counts[key] = self.counts.get(key, 0) + 1
+        return out
+
+
+@dataclass(frozen=True)
+class DtypeTrace:
+    """What :func:`trace_dtypes` saw: one row per (operation, input dtypes, output dtype)."""
+
+    rows: tuple[OpDtypes, ...]
+    result: object = None
+
+    def ops_in(self, dtype, skip=("_to_copy",)) -> list[str]:
+        """Operations whose output had ``dtype`` ("fp32", "bf16" or a torch dtype), in the
+        order they first ran; casts (``_to_copy``) are left out unless ``skip=()``."""
+        name = short_name(dtype) if isinstance(dtype, torch.dtype) else str(dtype)
+        seen: list[str] = []
+        for r in self.rows:
+            if r.output == name and r.op not in seen and r.op not in skip:
+                seen.append(r.op)
+        return seen
+
+    def table(self, skip=("_to_copy",)) -> Table:
+        rows = [[r.op, r.output, ", ".join(r.inputs) or "-", r.calls]
+                for r in self.rows if r.op not in skip]
+        return Table(["operation", "output", "inputs", "calls"], rows)
+
+    @property
+    def casts(self) -> int:
+        """How many tensors were converted from one dtype to another (``_to_copy``)."""
+        return sum(r.calls for r in self.rows if r.op == "_to_copy"
+                   and r.inputs and r.inputs[0] != r.output)
+
+    def text(self) -> str:
+        return f"{self.table().text()}\ncasts between dtypes: {self.casts}"
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        return f"{self.table()._repr_html_()}<p>casts between dtypes: {self.casts}</p>"
+
+
+def trace_dtypes(fn, *args, **kwargs) -> DtypeTrace:
+    """Run ``fn(*args, **kwargs)`` and record every ATen operation with its float dtypes.
+
+    Views (``view``, ``t``, ``detach``, ...) and operations on integer tensors only are left
+    out; casts appear as ``_to_copy`` (hidden from the table, counted in ``casts``). Run it
+    inside or around ``torch.autocast`` to see which operations autocast moved to bf16/fp16
+    and which it kept in fp32. The result of ``fn`` is kept in ``.result``.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be a function to run, got {type(fn).__name__}")
+    with _Tracer() as tracer:
+        result = fn(*args, **kwargs)
+    rows = tuple(OpDtypes(op, ins, out, n) for (op, ins, out), n in tracer.counts.items())
+    return DtypeTrace(rows, result)
+
+
+# ------------------------------------------------------------------------------ memory
+_ROWS = (("parameters", "parameters"), ("gradients", "gradients"),
+         ("optimizer_state", "optimizer state"), ("activations", "activations"),
+         ("temporaries", "temporaries"), ("inputs", "inputs"))
+
+
+@dataclass(frozen=True)
+class MemoryComparison:
+    """Memory reports of one step in several variants, side by side (exact bytes)."""
+
+    reports: dict
+    baseline: str
+
+    def bytes(self, name: str, category: str = "peak") -> int:
+        """Bytes of ``category`` ("peak" or a category such as "activations") in ``name``."""
+        if name not in self.reports:
+            raise KeyError(f"no report named {name!r}; compared: {', '.join(self.reports)}")
+        report = self.reports[name]
+        if category == "peak":
+            return int(report.peak_bytes)
+        if category not in report.category_max:
+            raise KeyError(f"unknown category {category!r}; known: peak, "
+                           f"{', '.join(report.category_max)}")
+        return int(report.category_max[category])
+
+    def ratio(self, name: str, category: str = "peak") -> float:
+        """``name``'s bytes of ``category`` divided by the baseline's."""
+        base = self.bytes(self.baseline, category)
+        return self.bytes(name, category) / base if base else float("nan")
+
+    def table(self) -> Table:
+        others = [n for n in self.reports if n != self.baseline]
+        headers = ["largest", *self.reports, *(f"{n}/{self.baseline}" for n in others)]
+        rows = []
+        for key, title in _ROWS:
+            values = [self.bytes(n, key) for n in self.reports]
+            if not any(values):
+                continue
+            ratios = [fmt_ratio(self.ratio(n, key), measured=False)
+                      if self.bytes(self.baseline, key) else "-" for n in others]
+            rows.append([title, *(fmt_bytes(v) for v in values), *ratios])
+        rows.append(["peak", *(fmt_bytes(self.bytes(n)) for n in self.reports),
+                     *(fmt_ratio(self.ratio(n), measured=False) for n in others)])
+        phases = [getattr(self.reports[n], "peak_phase", None) for n in self.reports]
+        if all(phases):
+            rows.append(["peak during", *phases, *([""] * len(others))])
+        return Table(headers, rows)
+
+    def text(self) -> str:
+        return self.table().text()
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        return self.table()._repr_html_()
+
+
+def compare_memory(reports: Mapping, baseline: str | None = None) -> MemoryComparison:
+    """Put memory reports of the same step side by side (``helpers.measure_step`` reports).
+
+    Args:
+        reports: ``{"fp32": report, "bf16": report, ...}``: two or more reports with
+            ``peak_bytes`` and ``category_max`` (``MemoryReport``).
+        baseline: the report the ratios divide by (default: the first).
+
+    Returns:
+        A :class:`MemoryComparison`: a table of each category's largest size and the peak,
+        with exact ratios, and ``bytes(name, category)`` / ``ratio(name, category)``.
+    """
+    if not isinstance(reports, Mapping) or len(reports) < 2:
+        raise TypeError("reports must be a dict of two or more {name: MemoryReport}")
+    for name, report in reports.items():
+        if not isinstance(name, str):
+            raise TypeError(f"report names must be strings, got {name!r}")
+        if not hasattr(report, "category_max") or getattr(report, "peak_bytes", None) is None:
+            raise TypeError(f"report {name!r} is not a memory report with a peak "
+                            f"(got {type(report).__name__}); use helpers.measure_step")
+    baseline = next(iter(reports)) if baseline is None else baseline
+    if baseline not in reports:
+        raise ValueError(f"baseline {baseline!r} is not one of {', '.join(reports)}")
+    return MemoryComparison(dict(reports), baseline)
+
+
+# ------------------------------------------------------------------------------ recorded
+def _present(rows, key) -> list[str]:
+    return [p for p in ("fp32", "bf16", "fp16") if any(p in row[key] for row in rows)]
+
+
+def recorded_tables(recorded) -> list[Table]:
+    """Tables of the figures ``tests/gpu/test_amp_gpu.py`` recorded on a GPU (lesson 07).
+
+    Args:
+        recorded: what ``helpers.recorded_gpu_results("amp")`` returned (or its ``data``).
+
+    Returns:
+        Tables for memory, PyTorch speed and Keras speed (those present). Memory figures are
+        exact bytes; times and speed-ups were measured, so they carry a ``~``.
+    """
+    data = getattr(recorded, "data", recorded)
+    if not isinstance(data, Mapping):
+        raise TypeError("recorded must be helpers.recorded_gpu_results('amp') or its data "
+                        f"dict, got {type(recorded).__name__}")
+    tables = []
+    memory = data.get("memory") or []
+    if memory:
+        names = _present(memory, "peak_bytes")
+        others = [p for p in names if p != "fp32"]
+        rows = []
+        for row in memory:
+            peaks = row["peak_bytes"]
+            base = peaks.get("fp32")
+            rows.append([row["model"], row["batch"],
+                         *(fmt_bytes(peaks[p]) if p in peaks else "-" for p in names),
+                         *(fmt_ratio(peaks[p] / base, measured=False) if p in peaks and base
+                           else "-" for p in others)])
+        tables.append(Table(["model", "batch", *(f"{p} peak" for p in names),
+                             *(f"{p}/fp32" for p in others)], rows,
+                            title="GPU memory, 2 Adam steps (max_memory_allocated)"))
+    speed = data.get("speed") or []
+    if speed:
+        names = _present(speed, "seconds")
+        others = [p for p in names if p != "fp32"]
+        rows = []
+        for row in speed:
+            secs = row["seconds"]
+            rows.append([row["model"], row["batch"],
+                         *(fmt_seconds(secs[p]) if p in secs else "-" for p in names),
+                         *(fmt_ratio(secs["fp32"] / secs[p]) if p in secs and "fp32" in secs
+                           else "-" for p in others)])
+        tables.append(Table(["model", "batch", *(f"{p} step" for p in names),
+                             *(f"{p} speed-up" for p in others)], rows,
+                            title="GPU time per training step (best of interleaved rounds)"))
+    keras = data.get("keras") or {}
+    if keras.get("seconds"):
+        secs = keras["seconds"]
+        rows = [[policy, fmt_seconds(t), "baseline" if policy == "float32" else
+                 fmt_ratio(secs["float32"] / t) if "float32" in secs else "-"]
+                for policy, t in secs.items()]
+        tables.append(Table(["Keras policy", "step", "speed-up"], rows,
+                            title=f"Keras on the GPU, Dense {keras.get('width')} x batch "
+                                  f"{keras.get('batch')}"))
+    return tables

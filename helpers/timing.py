@@ -1,0 +1,170 @@
+"""Time workloads side by side: interleaved rounds, best of each (lessons 07 and later).
+
+A laptop shared with a browser, or two engineers on one machine, makes any single timing
+unreliable. :func:`compare_times` runs every workload once per round, in a rotating order,
+for several rounds, and keeps each workload's best time: background load slows all of them
+alike, and the best run is the one least disturbed. Results are measured numbers, so they
+print with a tilde (``~12.3 ms``, ``~1.8x``)::
+
+    times = helpers.compare_times({"fp32": step_fp32, "bf16": step_bf16}, rounds=5)
+    times                      # a table: best time per call and speed-up over the first
+    times.speedup("bf16")      # best fp32 time / best bf16 time
+
+No framework is imported unless ``sync`` names a device (then torch).
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .fmt import Table, fmt_ratio, fmt_seconds
+
+__all__ = ["compare_times", "TimeComparison"]
+
+
+def _count(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _sync_function(sync):
+    """None, a function, or a device: "cpu", "cuda", "cuda:1", "mps" or a torch.device."""
+    if sync is None:
+        return None
+    if callable(sync):
+        return sync
+    kind = getattr(sync, "type", None)
+    if kind is None and not isinstance(sync, str):
+        raise TypeError("sync must be None, a function without arguments, or a device such "
+                        f"as 'cuda' or torch.device('cuda:0'), got {sync!r}")
+    text = str(sync)
+    kind = kind or text.split(":")[0]
+    if kind == "cpu":
+        return None
+    if kind == "cuda":
+        import torch
+
+        device = torch.device(text)
+        return lambda: torch.cuda.synchronize(device)
+    if kind == "mps":
+        import torch
+
+        return torch.mps.synchronize
+    raise ValueError(f"sync: unknown device {text!r}; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
+
+
+@dataclass(frozen=True)
+class TimeComparison:
+    """Per-call times of workloads measured side by side (see :func:`compare_times`).
+
+    ``samples[name]`` holds one per-call time per round (seconds); ``best_seconds`` the
+    smallest of each; ``baseline`` is the workload the speed-ups are relative to.
+    """
+
+    names: tuple[str, ...]
+    samples: dict[str, list[float]]
+    baseline: str
+    rounds: int
+    number: int
+
+    @property
+    def best_seconds(self) -> dict[str, float]:
+        return {n: min(self.samples[n]) for n in self.names}
+
+    def speedup(self, name: str, over: str | None = None) -> float:
+        """How many times faster ``name`` ran than ``over`` (default: the baseline)."""
+        over = self.baseline if over is None else over
+        for n in (name, over):
+            if n not in self.samples:
+                raise KeyError(f"no workload named {n!r}; measured: {', '.join(self.names)}")
+        best = self.best_seconds
+        return best[over] / best[name]
+
+    def table(self) -> Table:
+        best = self.best_seconds
+        rows = []
+        for n in self.names:
+            rel = "baseline" if n == self.baseline else fmt_ratio(self.speedup(n))
+            rows.append([n, fmt_seconds(best[n]), rel])
+        title = (f"best of {self.rounds} interleaved rounds, {self.number} call"
+                 f"{'s' if self.number > 1 else ''} each")
+        return Table(["workload", "time per call", f"speed-up over {self.baseline}"], rows,
+                     title=title)
+
+    def text(self) -> str:
+        return self.table().text()
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        return self.table()._repr_html_()
+
+    def to_dict(self) -> dict:
+        return {"baseline": self.baseline, "rounds": self.rounds, "number": self.number,
+                "best_seconds": self.best_seconds,
+                "speedup": {n: self.speedup(n) for n in self.names}}
+
+
+def compare_times(workloads: Mapping[str, Callable[[], object]], *, rounds: int = 5,
+                  number: int = 1, warmup: int = 1, sync=None,
+                  baseline: str | None = None) -> TimeComparison:
+    """Time workloads side by side in one process: interleaved rounds, best of each.
+
+    Args:
+        workloads: ``{"name": function without arguments}``, e.g. one training step each.
+            At least one; their order is the table's order.
+        rounds: how many rounds; each round times every workload once, the order rotating
+            from round to round so none always runs first.
+        number: calls per timing (the time reported is per call).
+        warmup: untimed calls of each workload first (allocation, caches, lazy state).
+        sync: make asynchronous devices finish before each clock read: ``"cuda"`` (or a
+            ``torch.device``), ``"mps"``, a function, or None for the CPU.
+        baseline: the workload speed-ups are relative to (default: the first).
+
+    Returns:
+        A :class:`TimeComparison` (``best_seconds``, ``speedup(name)``, a table with ``~``
+        numbers).
+    """
+    if not isinstance(workloads, Mapping) or not workloads:
+        raise TypeError("workloads must be a non-empty dict of {name: function}, got "
+                        f"{type(workloads).__name__}")
+    for name, fn in workloads.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"workload names must be non-empty strings, got {name!r}")
+        if not callable(fn):
+            raise TypeError(f"workload {name!r} must be a function without arguments, got "
+                            f"{type(fn).__name__}")
+    rounds = _count(rounds, "rounds", 1)
+    number = _count(number, "number", 1)
+    warmup = _count(warmup, "warmup", 0)
+    names = tuple(workloads)
+    if baseline is None:
+        baseline = names[0]
+    elif baseline not in workloads:
+        raise ValueError(f"baseline {baseline!r} is not one of the workloads: "
+                         f"{', '.join(names)}")
+    wait = _sync_function(sync)
+    for fn in workloads.values():
+        for _ in range(warmup):
+            fn()
+    if wait is not None:
+        wait()
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            fn = workloads[name]
+            if wait is not None:
+                wait()
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            if wait is not None:
+                wait()
+            samples[name].append((time.perf_counter() - start) / number)
+    return TimeComparison(names, samples, baseline, rounds, number)
