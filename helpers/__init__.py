@@ -94,6 +94,7 @@ _EXPORTS = {
     "trace_dtypes": "amp",
     "compare_memory": "amp",
     "compare_times": "timing",
+    "TimeComparison": "timing",
     "keras_mixed_policy": "keras_amp",
     "keras_policy": "keras_amp",
     "onednn_setting": "keras_amp",

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .fmt import Table, fmt_bytes, fmt_ratio, fmt_seconds
+from .fmt import Table, fmt_bytes, fmt_ratio
+from .timing import fmt_in_unit
 
 __all__ = ["AmpSettings", "amp_settings", "trace_dtypes", "DtypeTrace", "OpDtypes",
            "compare_memory", "MemoryComparison", "parse_dtype", "short_name",
@@ -360,7 +361,7 @@ def recorded_tables(recorded) -> list[Table]:
         for row in speed:
             secs = row["seconds"]
             rows.append([row["model"], row["batch"],
-                         *(fmt_seconds(secs[p]) if p in secs else "-" for p in names),
+                         *(fmt_in_unit(secs[p]) if p in secs else "-" for p in names),
                          *(fmt_ratio(secs["fp32"] / secs[p]) if p in secs and "fp32" in secs
                            else "-" for p in others)])
         tables.append(Table(["model", "batch", *(f"{p} step" for p in names),
@@ -369,7 +370,7 @@ def recorded_tables(recorded) -> list[Table]:
     keras = data.get("keras") or {}
     if keras.get("seconds"):
         secs = keras["seconds"]
-        rows = [[policy, fmt_seconds(t), "baseline" if policy == "float32" else
+        rows = [[policy, fmt_in_unit(t), "baseline" if policy == "float32" else
                  fmt_ratio(secs["float32"] / t) if "float32" in secs else "-"]
                 for policy, t in secs.items()]
         tables.append(Table(["Keras policy", "step", "speed-up"], rows,

@@ -7,22 +7,42 @@ alike, and the best run is the one least disturbed. Results are measured numbers
 print with a tilde (``~12.3 ms``, ``~1.8x``)::
 
     times = helpers.compare_times({"fp32": step_fp32, "bf16": step_bf16}, rounds=5)
-    times                      # a table: best time per call and speed-up over the first
+    times                      # a table: best time per call, speed-up over the first
     times.speedup("bf16")      # best fp32 time / best bf16 time
 
-No framework is imported unless ``sync`` names a device (then torch).
+Times print in one fixed unit (milliseconds by default), so a table's layout does not change
+from machine to machine, only its ``~`` numbers. No framework is imported unless ``sync``
+names a device (then torch).
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .fmt import Table, fmt_ratio, fmt_seconds
+from .fmt import Table, fmt_ratio
 
-__all__ = ["compare_times", "TimeComparison"]
+__all__ = ["compare_times", "TimeComparison", "fmt_in_unit", "UNITS"]
+
+UNITS = {"s": 1.0, "ms": 1e-3, "µs": 1e-6}
+
+
+def fmt_in_unit(seconds, unit: str = "ms") -> str:
+    """A measured duration in a fixed unit, with a tilde and 3 significant digits:
+    ``fmt_in_unit(1.0502) == "~1,050 ms"``, ``fmt_in_unit(4.2e-5) == "~0.0420 ms"``."""
+    if unit not in UNITS:
+        raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not \
+            seconds >= 0:
+        raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
+    value = float(seconds) / UNITS[unit]
+    if value >= 100:
+        return f"~{value:,.0f} {unit}"
+    digits = 2 if value == 0 else max(0, 2 - int(math.floor(math.log10(value))))
+    return f"~{value:.{digits}f} {unit}"
 
 
 def _count(value, name: str, minimum: int) -> int:
@@ -62,7 +82,8 @@ class TimeComparison:
     """Per-call times of workloads measured side by side (see :func:`compare_times`).
 
     ``samples[name]`` holds one per-call time per round (seconds); ``best_seconds`` the
-    smallest of each; ``baseline`` is the workload the speed-ups are relative to.
+    smallest of each; ``baseline`` is the workload the speed-ups are relative to; ``unit``
+    the unit the table prints times in.
     """
 
     names: tuple[str, ...]
@@ -70,6 +91,7 @@ class TimeComparison:
     baseline: str
     rounds: int
     number: int
+    unit: str = "ms"
 
     @property
     def best_seconds(self) -> dict[str, float]:
@@ -85,15 +107,21 @@ class TimeComparison:
         return best[over] / best[name]
 
     def table(self) -> Table:
+        """Best time per call and speed-up of each workload, in one column.
+
+        Measured numbers vary in length from run to run (``~98.1 ms``, ``~1,050 ms``). They
+        sit in the last column, under a header longer than any of them, so that the table's
+        layout stays the same when the notebook tests mask them as ``~N``.
+        """
         best = self.best_seconds
         rows = []
         for n in self.names:
             rel = "baseline" if n == self.baseline else fmt_ratio(self.speedup(n))
-            rows.append([n, fmt_seconds(best[n]), rel])
+            rows.append([n, f"{fmt_in_unit(best[n], self.unit)} ({rel})"])
         title = (f"best of {self.rounds} interleaved rounds, {self.number} call"
                  f"{'s' if self.number > 1 else ''} each")
-        return Table(["workload", "time per call", f"speed-up over {self.baseline}"], rows,
-                     title=title)
+        header = f"time per call (speed-up over {self.baseline})"
+        return Table(["workload", header], rows, title=title)
 
     def text(self) -> str:
         return self.table().text()
@@ -112,7 +140,7 @@ class TimeComparison:
 
 def compare_times(workloads: Mapping[str, Callable[[], object]], *, rounds: int = 5,
                   number: int = 1, warmup: int = 1, sync=None,
-                  baseline: str | None = None) -> TimeComparison:
+                  baseline: str | None = None, unit: str = "ms") -> TimeComparison:
     """Time workloads side by side in one process: interleaved rounds, best of each.
 
     Args:
@@ -125,6 +153,8 @@ def compare_times(workloads: Mapping[str, Callable[[], object]], *, rounds: int 
         sync: make asynchronous devices finish before each clock read: ``"cuda"`` (or a
             ``torch.device``), ``"mps"``, a function, or None for the CPU.
         baseline: the workload speed-ups are relative to (default: the first).
+        unit: the unit of the printed times, "s", "ms" (default) or "µs": fixed, so the
+            table looks the same on a laptop and on a GPU node.
 
     Returns:
         A :class:`TimeComparison` (``best_seconds``, ``speedup(name)``, a table with ``~``
@@ -148,6 +178,8 @@ def compare_times(workloads: Mapping[str, Callable[[], object]], *, rounds: int 
     elif baseline not in workloads:
         raise ValueError(f"baseline {baseline!r} is not one of the workloads: "
                          f"{', '.join(names)}")
+    if unit not in UNITS:
+        raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
     wait = _sync_function(sync)
     for fn in workloads.values():
         for _ in range(warmup):
@@ -167,4 +199,4 @@ def compare_times(workloads: Mapping[str, Callable[[], object]], *, rounds: int 
             if wait is not None:
                 wait()
             samples[name].append((time.perf_counter() - start) / number)
-    return TimeComparison(names, samples, baseline, rounds, number)
+    return TimeComparison(names, samples, baseline, rounds, number, unit)

@@ -165,7 +165,18 @@ def test_compare_times_interleaves_and_keeps_the_best():
     assert times.speedup("b") == pytest.approx(times.best_seconds["a"] / times.best_seconds["b"])
     text = times.text()
     assert "best of 3 interleaved rounds, 2 calls each" in text and "baseline" in text
-    assert re.search(r"b\s+~[0-9.]+ .s\s+~[0-9.]+x", text)  # measured: masked in tests
+    assert re.search(r"b\s+~[0-9.,]+ ms \(~[0-9.]+x\)$", text)  # measured: masked in tests
+
+
+def test_timing_table_layout_survives_masking():
+    masked = re.compile(r"~-?[0-9][0-9,]*(\.[0-9]+)?")  # tests/sanitize.cfg, regex1
+    texts = set()
+    for seconds in (0.0004, 0.098, 1.05, 123.4):
+        times = helpers.TimeComparison(("fp32", "bf16"), {"fp32": [seconds * 3],
+                                       "bf16": [seconds]}, "fp32", 1, 1)
+        texts.add(masked.sub("~N", times.text()))
+        texts.add(masked.sub("~N", times._repr_html_()))
+    assert len(texts) == 2, texts
     assert json.dumps(times.to_dict())
 
 
@@ -182,11 +193,27 @@ def test_compare_times_syncs_around_each_timing():
     ({"workloads": {"a": 3}}, TypeError), ({"workloads": {"": lambda: None}}, TypeError),
     ({"rounds": 0}, ValueError), ({"number": 1.5}, ValueError), ({"warmup": -1}, ValueError),
     ({"baseline": "zzz"}, ValueError), ({"sync": "tpu"}, ValueError), ({"sync": 3}, TypeError),
+    ({"unit": "min"}, ValueError),
 ])
 def test_compare_times_validates(kwargs, error):
     args = {"workloads": {"a": lambda: None}} | kwargs
     with pytest.raises(error):
         helpers.compare_times(args.pop("workloads"), **args)
+
+
+def test_times_print_in_one_fixed_unit():
+    from helpers.timing import fmt_in_unit
+
+    assert fmt_in_unit(1.0502) == "~1,050 ms"
+    assert fmt_in_unit(0.0123) == "~12.3 ms"
+    assert fmt_in_unit(4.2e-5) == "~0.0420 ms"
+    assert fmt_in_unit(0.5, "s") == "~0.500 s" and fmt_in_unit(0) == "~0.00 ms"
+    assert fmt_in_unit(3e-6, "µs") == "~3.00 µs"
+    for bad in (-1, "1", True, float("nan")):
+        with pytest.raises(ValueError):
+            fmt_in_unit(bad)
+    times = helpers.compare_times({"a": lambda: None}, rounds=1, unit="s")
+    assert re.search(r"a\s+~[0-9.]+ s \(baseline\)", times.text())
 
 
 def test_speedup_names_unknown_workloads():
