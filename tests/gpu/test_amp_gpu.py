@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import helpers  # noqa: E402
-from helpers.memory.recorded import KIND, RESULTS_DIR  # noqa: E402
+from helpers.recorded import KIND, RESULTS_DIR  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 NO_GPU = "needs a CUDA GPU (torch.cuda.is_available() is False): run it on a GPU machine"

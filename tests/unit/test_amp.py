@@ -11,7 +11,7 @@ from torch import nn
 import helpers
 from helpers.amp import parse_dtype, recorded_tables, short_name
 from helpers.keras_amp import keras_mixed_policy, onednn_setting
-from helpers.memory.recorded import KIND
+from helpers.recorded import KIND
 
 
 # ------------------------------------------------------------------ amp_settings
