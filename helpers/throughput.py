@@ -38,6 +38,7 @@ import numpy as np
 
 from .fmt import Table, fmt_rate, fmt_ratio
 from .runtime import headless, in_kernel
+from .timing import interleaved_rounds
 
 __all__ = [
     "SlowDataset", "StepTimer", "StepTimes", "compare", "Comparison", "RungResult",
@@ -538,20 +539,16 @@ def compare(runs: Mapping[str, Callable[[], int]], *, rounds: int = 2,
     clash = set(skipped) & set(runs)
     if clash:
         raise ValueError(f"rungs both run and skipped: {sorted(clash)}")
-    times: dict[str, list[float]] = {name: [] for name in runs}
+    times, returned = interleaved_rounds(runs, rounds=rounds, rotate=False)
     counts: dict[str, int] = {}
-    for _ in range(rounds):
-        for name, fn in runs.items():
-            t0 = time.perf_counter()
-            n = fn()
-            elapsed = time.perf_counter() - t0
+    for name, values in returned.items():
+        for n in values:
             if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
                 raise ValueError(f"run {name!r} must return the number of samples it "
                                  f"processed (a positive int), got {n!r}")
             if counts.setdefault(name, int(n)) != n:
                 raise ValueError(f"run {name!r} processed {counts[name]} samples in one round "
                                  f"and {n} in another; each round must do the same work")
-            times[name].append(elapsed)
     result = Comparison(rounds=rounds)
     order = list(runs) + [name for name in skipped if name not in runs]
     for name in order:

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from .fmt import Table, fmt_ratio
 
-__all__ = ["compare_times", "TimeComparison", "fmt_in_unit", "UNITS"]
+__all__ = ["compare_times", "interleaved_rounds", "TimeComparison", "fmt_in_unit",
+           "UNITS"]
 
 UNITS = {"s": 1.0, "ms": 1e-3, "µs": 1e-6}
 
@@ -186,17 +187,34 @@ def compare_times(workloads: Mapping[str, Callable[[], object]], *, rounds: int 
             fn()
     if wait is not None:
         wait()
-    samples: dict[str, list[float]] = {n: [] for n in names}
+    samples, _ = interleaved_rounds(workloads, rounds=rounds, number=number, wait=wait)
+    return TimeComparison(names, samples, baseline, rounds, number, unit)
+
+
+def interleaved_rounds(workloads: Mapping[str, Callable[[], object]], *, rounds: int,
+                       number: int = 1, wait: Callable[[], object] | None = None,
+                       rotate: bool = True) -> tuple[dict[str, list[float]], dict[str, list]]:
+    """The measuring loop shared by :func:`compare_times` and ``helpers.throughput.compare``.
+
+    Each round calls every workload ``number`` times; with ``rotate`` the order shifts by one
+    each round so none always runs first. ``wait`` (e.g. ``torch.cuda.synchronize``) runs
+    before and after each timing. Returns, per workload, the seconds per call of each round
+    and what its last call returned in each round. Arguments are validated by the callers.
+    """
+    names = tuple(workloads)
+    seconds: dict[str, list[float]] = {n: [] for n in names}
+    returned: dict[str, list] = {n: [] for n in names}
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
+        shift = r % len(names) if rotate else 0
+        for name in names[shift:] + names[:shift]:
             fn = workloads[name]
             if wait is not None:
                 wait()
             start = time.perf_counter()
             for _ in range(number):
-                fn()
+                value = fn()
             if wait is not None:
                 wait()
-            samples[name].append((time.perf_counter() - start) / number)
-    return TimeComparison(names, samples, baseline, rounds, number, unit)
+            seconds[name].append((time.perf_counter() - start) / number)
+            returned[name].append(value)
+    return seconds, returned
