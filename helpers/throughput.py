@@ -38,7 +38,7 @@ import numpy as np
 
 from .fmt import Table, fmt_rate, fmt_ratio
 from .runtime import headless, in_kernel
-from .timing import interleaved_rounds
+from .timing import _sync_function, interleaved_rounds
 
 __all__ = [
     "SlowDataset", "StepTimer", "StepTimes", "compare", "Comparison", "RungResult",
@@ -136,32 +136,6 @@ class SlowDataset:
 
 
 # ------------------------------------------------------------------------------ timing
-def _sync_function(sync):
-    """None, a callable, or a device ('cuda', 'cuda:1', 'mps', 'cpu', torch.device)."""
-    if sync is None:
-        return None
-    if callable(sync):
-        return sync
-    kind = getattr(sync, "type", None)
-    text = str(sync) if kind is not None or isinstance(sync, str) else None
-    if text is None:
-        raise TypeError("sync must be None, a function, or a device such as 'cuda' or "
-                        f"torch.device('cuda:0'), got {sync!r}")
-    kind = kind or text.split(":")[0]
-    if kind == "cpu":
-        return None
-    if kind == "cuda":
-        import torch
-
-        device = torch.device(text)
-        return lambda: torch.cuda.synchronize(device)
-    if kind == "mps":
-        import torch
-
-        return torch.mps.synchronize
-    raise ValueError(f"sync: unknown device {text!r}; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
-
-
 @dataclass(frozen=True)
 class StepTimes:
     """What a :class:`StepTimer` measured; prints as one line whose only changing parts

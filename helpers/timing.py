@@ -52,7 +52,7 @@ def _count(value, name: str, minimum: int) -> int:
     return int(value)
 
 
-def _sync_function(sync):
+def _sync_function(sync):  # shared with helpers.throughput
     """None, a function, or a device: "cpu", "cuda", "cuda:1", "mps" or a torch.device."""
     if sync is None:
         return None
