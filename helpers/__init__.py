@@ -98,12 +98,17 @@ _EXPORTS = {
     "keras_mixed_policy": "keras_amp",
     "keras_policy": "keras_amp",
     "onednn_setting": "keras_amp",
+    # batch size (issue 6): the finder
+    "find_batch_size": "batch_size",
+    "BatchSizeResult": "batch_size",
+    "BatchSizeError": "batch_size",
+    "is_oom_error": "batch_size",
 }
 
 _SUBMODULES = {
-    "amp", "build", "checkpoint", "data", "device", "environment", "exercises", "fmt", "gauge",
-    "instructor", "keras_amp", "launch", "liveplot", "memory", "models", "nvml", "progress",
-    "recorded", "runtime", "throughput", "timing",
+    "amp", "batch_size", "build", "checkpoint", "data", "device", "environment", "exercises",
+    "fmt", "gauge", "instructor", "keras_amp", "launch", "liveplot", "memory", "models", "nvml",
+    "progress", "recorded", "runtime", "throughput", "timing",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -1,0 +1,424 @@
+"""find_batch_size: the answer, the trials it takes, clean-up, restored state, bad input."""
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+import helpers
+from helpers.batch_size import BatchSizeError, is_oom_error
+
+MiB = 2**20
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny steps: one thread is fastest, and immune to other processes on a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def mlp_task(d_in=256, hidden=64, depth=3, n_classes=10, opt="adam", seed=0):
+    torch.manual_seed(seed)
+    model = helpers.MLP(d_in, hidden, depth, n_classes)
+    optimizer = (torch.optim.Adam(model.parameters(), lr=1e-3) if opt == "adam"
+                 else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    gen = torch.Generator().manual_seed(seed)
+
+    def step(batch_size):
+        x = torch.randn(batch_size, d_in, generator=gen)
+        y = torch.randint(0, n_classes, (batch_size,), generator=gen)
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    return model, optimizer, step
+
+
+def fresh_state(model, optimizer):
+    optimizer.state.clear()
+    for p in model.parameters():
+        p.grad = None
+
+
+def true_maximum(model, optimizer, step, capacity, steps=2):
+    """The largest batch size whose steps fit, by bisection on the engine's exact peak."""
+    def peak(b):
+        fresh_state(model, optimizer)
+        with helpers.VirtualGPU("1 TiB", device="cpu") as gpu:
+            gpu.track(model, optimizer)
+            for _ in range(steps):
+                step(b)
+            out = gpu.peak_allocated_bytes
+        fresh_state(model, optimizer)
+        return out
+
+    lo, hi = 1, 2
+    while peak(hi) <= capacity:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if peak(mid) <= capacity else (lo, mid)
+    return lo
+
+
+# ---------------------------------------------------------------- the answer
+def test_finds_the_exact_maximum_in_few_trials():
+    model, opt, step = mlp_task()
+    cap = 2 * MiB
+    truth = true_maximum(model, opt, step, cap)
+    with helpers.VirtualGPU(cap, device="cpu"):
+        r = helpers.find_batch_size(step, model=model, optimizer=opt, margin=0,
+                                    multiple_of=1, tolerance=0)
+    assert r.batch_size == truth
+    assert r.trial(truth).fits and not r.trial(truth + 1).fits
+    # doubling from 32 to past the maximum and bisecting down to 1 would take about 20
+    assert r.n_trials <= 10, r.text()
+    assert [t.why for t in r.trials][:2] == ["start", "doubling"]
+    assert "prediction" in [t.why for t in r.trials]
+    assert r.n_steps == sum(t.steps for t in r.trials) <= 2 * r.n_trials
+    # memory grows linearly: the fitted line predicts the exact peaks of the trials
+    fitting = [t for t in r.trials if t.fits and t.batch_size >= 512]
+    for t in fitting:
+        assert abs(r.predicted_bytes(t.batch_size) - t.peak_bytes) < 0.01 * t.peak_bytes
+
+
+def test_default_answer_is_a_multiple_of_8_within_the_tolerance():
+    model, opt, step = mlp_task()
+    cap = 2 * MiB
+    truth = true_maximum(model, opt, step, cap)
+    with helpers.VirtualGPU(cap, device="cpu"):
+        # each out-of-memory error costs 10 s: TensorFlow's allocator waits that long for
+        # memory to be freed before it gives up; start above the limit, close coarsely
+        r = helpers.find_batch_size(step, model=model, optimizer=opt, margin=0, start=4000,
+                                    tolerance=0.25)
+    assert r.batch_size % 8 == 0
+    assert truth / 1.01 - 8 <= r.batch_size <= truth
+    assert all(t.batch_size % 8 == 0 for t in r.trials)
+
+
+def test_margin_leaves_memory_free():
+    model, opt, step = mlp_task()
+    cap = 3 * MiB
+    with helpers.VirtualGPU(cap, device="cpu"):
+        r = helpers.find_batch_size(step, model=model, optimizer=opt, margin=0.2)
+    assert r.budget_bytes == int(0.8 * cap)
+    chosen = r.trial(r.batch_size)
+    assert chosen.fits and chosen.peak_bytes <= 0.8 * cap
+    assert all(t.peak_bytes <= r.budget_bytes for t in r.trials if t.fits)
+    over = [t for t in r.trials if not t.fits]
+    assert over and all(t.oom or t.peak_bytes > r.budget_bytes for t in over)
+    assert any(t.outcome == "over budget" for t in over)  # ran, but above 80 %
+
+
+def test_maximum_caps_the_search():
+    model, opt, step = mlp_task()
+    with helpers.VirtualGPU(64 * MiB, device="cpu"):
+        r = helpers.find_batch_size(step, model=model, optimizer=opt, maximum=100)
+    assert r.batch_size == 100 and r.stopped == "the maximum fits"
+    assert [t.batch_size for t in r.trials] == [32, 64, 100]
+
+
+def test_caching_allocator_and_full_scale_fake_tensors():
+    # a 4-layer MLP too big for this machine: fake tensors, a CUDA-like allocator
+    with helpers.VirtualGPU("T4", fake=True, rounding=True, context_bytes="400 MiB",
+                            device="cpu") as gpu:
+        model = helpers.MLP(4096, 8192, 4, 1000)
+        opt = torch.optim.Adam(model.parameters())
+
+        def step(b):
+            opt.zero_grad()
+            x = torch.randn(b, 4096)
+            nn.functional.cross_entropy(model(x), torch.randint(0, 1000, (b,))).backward()
+            opt.step()
+
+        before = gpu.allocated_bytes
+        r = helpers.find_batch_size(step, model=model, optimizer=opt)
+        assert gpu.allocated_bytes == before
+    assert r.device == "VirtualGPU T4 (fake tensors)"
+    assert all(t.samples_per_s is None for t in r.trials)
+    assert r.trial(r.batch_size).peak_bytes <= r.budget_bytes
+    # what nvidia-smi would show includes the allocator's cache
+    assert all(t.reserved_bytes >= t.peak_bytes for t in r.trials if t.fits)
+    # the search closed: a size that fits and one within 1 % above it that does not
+    # (fragmentation makes the limit hard to predict here: a handful of bisection steps)
+    assert r.smallest_too_big - r.batch_size <= 0.01 * r.batch_size
+    assert r.n_trials <= 16, r.text()
+
+
+# ---------------------------------------------------------------- clean-up and state
+def test_every_trial_starts_from_the_baseline_and_memory_returns_to_it():
+    model, opt, step = mlp_task()
+    gpu = helpers.VirtualGPU(2 * MiB, rounding=True, device="cpu")
+    at_start = []
+    kept = []
+
+    def watched(b):
+        at_start.append(gpu.allocated_bytes)
+        big = torch.ones(b, 256)  # alive in this frame when the step runs out of memory
+        kept.append(weakref.ref(big.untyped_storage()))
+        step(b)
+
+    with gpu:
+        gpu.track(model)
+        gpu.empty_cache()
+        allocated, reserved = gpu.allocated_bytes, gpu.reserved_bytes
+        r = helpers.find_batch_size(watched, model=model, optimizer=opt, margin=0)
+        assert any(t.oom for t in r.trials)
+        # each trial (two steps each) started with only the model in memory
+        firsts = at_start[::2]
+        assert firsts.count(allocated) == r.n_trials
+        assert all(ref() is None for ref in kept)  # tracebacks released their frames
+        assert gpu.allocated_bytes == allocated and gpu.reserved_bytes == reserved
+    assert r.baseline_bytes == r.after_bytes == allocated
+    assert "allocated before the search" in r.text()
+
+
+def test_model_and_optimizer_state_are_restored():
+    torch.manual_seed(0)
+    model = helpers.SmallCNN(3, 10, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()  # momentum buffers and gradients exist before the search
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    grads = [p.grad.clone() for p in model.parameters()]
+    momenta = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+
+    def step(b):
+        opt.zero_grad()
+        xb = torch.randn(b, 3, 32, 32)
+        nn.functional.cross_entropy(model(xb), torch.randint(0, 10, (b,))).backward()
+        opt.step()
+        opt.param_groups[0]["lr"] *= 0.5  # a schedule that changes the learning rate
+
+    with helpers.VirtualGPU(24 * MiB, device="cpu"):
+        r = helpers.find_batch_size(step, model=model, optimizer=opt, start=8)
+    assert r.n_trials >= 3
+    for k, v in model.state_dict().items():  # parameters and BatchNorm statistics
+        assert torch.equal(v, saved[k]), k
+    for p, g, m in zip(model.parameters(), grads, momenta, strict=True):
+        assert torch.equal(p.grad, g)
+        assert torch.equal(opt.state[p]["momentum_buffer"], m)
+    assert opt.param_groups[0]["lr"] == 0.1
+
+
+def test_fresh_adam_stays_fresh():
+    model, opt, step = mlp_task()
+    with helpers.VirtualGPU(2 * MiB, device="cpu") as gpu:
+        gpu.track(model)
+        before = gpu.allocated_bytes
+        helpers.find_batch_size(step, model=model, optimizer=opt)
+        assert gpu.allocated_bytes == before
+    assert len(opt.state) == 0 and all(p.grad is None for p in model.parameters())
+
+
+# ---------------------------------------------------------------- what counts as OOM
+def fake_oom_step(limit, error):
+    calls = []
+
+    def step(b):
+        calls.append(b)
+        if b > limit:
+            raise error(b)
+
+    return step, calls
+
+
+def test_simulated_cuda_oom_without_memory_statistics_falls_back_to_doubling_and_bisection():
+    step, calls = fake_oom_step(
+        100, lambda b: RuntimeError(f"CUDA out of memory. Tried to allocate {b} MiB"))
+    r = helpers.find_batch_size(step, start=4, maximum=4096, multiple_of=1, tolerance=0,
+                                margin=0)
+    assert r.batch_size == 100
+    sizes = [t.batch_size for t in r.trials]
+    assert sizes[:6] == [4, 8, 16, 32, 64, 128]  # doubling until it fails ...
+    assert {t.why for t in r.trials[6:]} == {"bisection"}  # ... then binary search
+    assert r.trials[-1].error.startswith("RuntimeError: CUDA out of memory")
+    assert calls.count(101) == 1 and calls.count(100) == 2  # 2 steps when it fits
+
+
+def test_tensorflow_resource_exhausted_counts_as_oom():
+    ResourceExhaustedError = type("ResourceExhaustedError", (Exception,), {
+        "__module__": "tensorflow.python.framework.errors_impl"})
+    step, _ = fake_oom_step(48, lambda b: ResourceExhaustedError(f"OOM when allocating {b}"))
+    r = helpers.find_batch_size(step, start=16, maximum=1024)
+    # no capacity known: the 5 % margin comes off the largest size that ran
+    assert r.trial(48).fits and not r.trial(56).fits and r.batch_size == 40
+    assert "margin (5%) was taken off the largest size that ran (48)" in r.text()
+    assert is_oom_error(ResourceExhaustedError("OOM"))
+
+
+@pytest.mark.parametrize("exc, oom", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB."), True),
+    (RuntimeError("CUDA error: out of memory"), True),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate "
+                  "memory: you tried to allocate 1000 bytes."), True),
+    (RuntimeError("MPS backend out of memory (MPS allocated: 1 GB)"), True),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 4x5)"), False),
+    (ValueError("out of memory"), False),
+    (MemoryError(), False),
+    (KeyboardInterrupt(), False),
+])
+def test_is_oom_error(exc, oom):
+    assert is_oom_error(exc) is oom
+
+
+def test_an_error_other_than_oom_stops_the_search_and_is_reraised():
+    model, opt, step = mlp_task()
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def broken(b):
+        step(b)
+        if b > 64:
+            raise ValueError(f"bad batch of {b}")
+
+    with helpers.VirtualGPU(2 * MiB, device="cpu") as gpu, \
+            pytest.raises(ValueError, match="bad batch") as info:
+        gpu.track(model)
+        before = gpu.allocated_bytes
+        helpers.find_batch_size(broken, model=model, optimizer=opt)
+    assert any("not out-of-memory" in n or "only out-of-memory" in n
+               for n in info.value.__notes__)
+    del info
+    gc.collect()
+    assert gpu.allocated_bytes == before
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, saved[k])
+
+
+def test_a_step_that_does_not_fit_even_at_1_is_a_clear_error():
+    model, opt, step = mlp_task(hidden=512)
+    params = sum(p.numel() * 4 for p in model.parameters())
+    with helpers.VirtualGPU(3 * params, device="cpu"):  # weights + grads fit, Adam does not
+        with pytest.raises(BatchSizeError, match="even at batch size 1") as info:
+            helpers.find_batch_size(step, model=model, optimizer=opt, start=16)
+    assert "CUDA out of memory" in str(info.value)
+    with helpers.VirtualGPU(params // 2, device="cpu"):
+        with pytest.raises(BatchSizeError, match="model and optimizer alone do not fit"):
+            helpers.find_batch_size(step, model=model, optimizer=opt)
+
+
+def test_halves_from_a_start_that_does_not_fit():
+    step, _ = fake_oom_step(5, lambda b: torch.OutOfMemoryError("CUDA out of memory."))
+    r = helpers.find_batch_size(step, start=64, maximum=64, margin=0)
+    assert [t.batch_size for t in r.trials][:5] == [64, 32, 16, 8, 4]
+    assert r.batch_size == 5
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"start": 0}, ValueError, "start must be at least 1"),
+    ({"start": -4}, ValueError, "start must be at least 1"),
+    ({"start": 2.5}, TypeError, "start must be a whole number"),
+    ({"start": True}, TypeError, "start must be a whole number"),
+    ({"start": 64, "maximum": 32}, ValueError, r"maximum \(32\) must be at least start"),
+    ({"margin": 0.5}, ValueError, "margin"),
+    ({"margin": -0.1}, ValueError, "margin"),
+    ({"margin": "5%"}, ValueError, "margin"),
+    ({"steps_per_trial": 0}, ValueError, "steps_per_trial"),
+    ({"multiple_of": 0}, ValueError, "multiple_of"),
+    ({"tolerance": 0.5}, ValueError, "tolerance"),
+    ({"max_trials": 1}, ValueError, "max_trials"),
+    ({"model": "resnet"}, TypeError, "torch.nn.Module or a Keras model"),
+    ({"model": nn.Linear(2, 2), "optimizer": "adam"}, TypeError, "torch.optim.Optimizer"),
+    ({"capacity": "lots"}, ValueError, "lots"),
+])
+def test_bad_arguments_are_refused_with_a_clear_message(kwargs, error, match):
+    kwargs.setdefault("maximum", 1024)
+    with helpers.VirtualGPU("1 GiB", device="cpu"), pytest.raises(error, match=match):
+        helpers.find_batch_size(lambda b: None, **kwargs)
+
+
+def test_step_must_be_a_function():
+    with pytest.raises(TypeError, match="step must be a function"):
+        helpers.find_batch_size(3, maximum=8)
+
+
+def test_without_any_memory_limit_it_asks_for_one():
+    with pytest.raises(BatchSizeError, match="nothing limits memory"):
+        helpers.find_batch_size(lambda b: None)
+
+
+# ---------------------------------------------------------------- result object
+def test_result_text_dict_and_plot():
+    import matplotlib.pyplot as plt
+
+    model, opt, step = mlp_task()
+    with helpers.VirtualGPU(2 * MiB, device="cpu"):
+        r = helpers.find_batch_size(step, model=model, optimizer=opt)
+    text = r.text()
+    assert text == repr(r) and text.startswith(f"batch size {r.batch_size}: the largest")
+    assert "chosen by" in text and "~" in text  # measured samples/s carry a tilde
+    assert "<table>" in r._repr_html_()
+    json.dumps(r.to_dict())
+    before = plt.get_fignums()
+    fig = r.plot()
+    assert plt.get_fignums() == before
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "batch size" and "peak memory" in ax.get_ylabel()
+    labels = ax.get_legend().get_texts()
+    assert any("capacity" in t.get_text() for t in labels)
+    assert any("samples/s" in t.get_text() for t in labels)
+    with pytest.raises(ValueError, match="unit"):
+        r.plot(unit="MB")
+    with pytest.raises(KeyError, match="was not tried"):
+        r.trial(3)
+
+
+# ---------------------------------------------------------------- TensorFlow, for real
+@pytest.mark.slow
+def test_tensorflow_runs_out_of_memory_for_real_on_the_cpu():
+    """TensorFlow's CPU allocator with a limit raises a real ResourceExhaustedError."""
+    code = textwrap.dedent("""
+        import os
+        os.environ.update(TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0",
+                          TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPU_BFC_MEM_LIMIT_IN_MB="16")
+        import json
+        import numpy as np
+        import tensorflow as tf
+        import helpers
+        tf.keras.utils.set_random_seed(0)
+        model = tf.keras.Sequential([tf.keras.Input((128,)),
+                                     tf.keras.layers.Dense(256, activation="relu"),
+                                     tf.keras.layers.Dense(10)])
+        opt = tf.keras.optimizers.Adam()
+        loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        def step(b):
+            x = tf.random.normal((b, 128))
+            y = tf.zeros((b,), tf.int32)
+            with tf.GradientTape() as tape:
+                value = loss(y, model(x, training=True))
+            grads = tape.gradient(value, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        step(8)  # build the optimizer's slots
+        weights = [w.copy() for w in model.get_weights()]
+        # each out-of-memory error costs 10 s: TensorFlow's allocator waits that long for
+        # memory to be freed before it gives up; start above the limit, close coarsely
+        r = helpers.find_batch_size(step, model=model, optimizer=opt, margin=0, start=4000,
+                                    tolerance=0.25)
+        same = all(np.array_equal(a, b) for a, b in zip(weights, model.get_weights()))
+        print(json.dumps({"batch": r.batch_size, "device": r.device, "same": same,
+                          "cap": r.capacity_bytes,
+                          "errors": [t.error for t in r.trials if t.oom]}))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["device"] == "TensorFlow CPU:0" and res["cap"] == 16 * MiB
+    assert res["errors"]
+    assert all(e.startswith("ResourceExhaustedError: OOM when allocating tensor")
+               for e in res["errors"]), res["errors"]
+    assert 1000 < res["batch"] < 4000
+    assert res["same"]
