@@ -188,10 +188,12 @@ class BatchSizeResult:
             peak = fmt_bytes(t.peak_bytes) if t.peak_bytes is not None else "-"
             share = (f"{t.peak_bytes / self.capacity_bytes:.1%}"
                      if t.peak_bytes is not None and self.capacity_bytes else "-")
-            rate = fmt_rate(t.samples_per_s) if t.samples_per_s is not None else "-"
+            rate = _rate(t.samples_per_s) if t.samples_per_s is not None else "-"
             rows.append([i, t.batch_size, t.why, t.outcome, peak, share, rate])
+        # measured numbers last, under a header longer than any of them: the layout stays
+        # the same when the notebook tests mask them
         return Table(["trial", "batch size", "chosen by", "result", "peak memory",
-                      "of capacity", "samples/s"], rows)
+                      "of capacity", "samples/s (measured)"], rows)
 
     def summary(self) -> str:
         where = self.device
@@ -241,6 +243,11 @@ class BatchSizeResult:
         is on the right-hand axis.  Returns the matplotlib Figure.
         """
         return _plot(self, ax=ax, unit=unit, title=title)
+
+
+def _rate(per_second: float) -> str:
+    """``fmt_rate`` without the unit (it is in the column's header): ``"~1,234"``."""
+    return fmt_rate(per_second, unit="").rstrip()
 
 
 # ---------------------------------------------------------------------------- memory probes
@@ -1001,7 +1008,7 @@ def _plot(result: BatchSizeResult, ax=None, *, unit=None, title=None):
         unit = "GiB" if top >= 2 * 1024**3 else "MiB"
     scale = 1024**3 if unit == "GiB" else 1024**2
     if ax is None:
-        fig, ax = plt.subplots(figsize=(7.5, 3.6), dpi=80)
+        fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=80)
         plt.close(fig)  # returned and displayed once, never by pyplot again
     fig = ax.figure
     sizes = [t.batch_size for t in result.trials]
@@ -1045,7 +1052,8 @@ def _plot(result: BatchSizeResult, ax=None, *, unit=None, title=None):
         ax2.set_ylim(0, max(t.samples_per_s for t in rated) * 1.15)
         h2, l2 = ax2.get_legend_handles_labels()
         handles, labels = handles + h2, labels + l2
-    ax.legend(handles, labels, loc="upper left", fontsize=8, frameon=False)
+    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4,
+              fontsize=8, frameon=False)
     ax.set_title(title if title is not None else
                  f"Batch-size search on {result.device}: {result.n_trials} trials -> "
                  f"{result.batch_size}", fontsize=10)
