@@ -14,14 +14,17 @@
     result.plot()                               # memory and throughput against batch size
 
 How it searches.  Memory grows almost linearly with the batch size (activations and the batch
-itself scale with it; weights, gradients and optimizer state do not), so two measured trials
+itself scale with it; weights, gradients and optimizer state do not), so measured trials
 predict where the line crosses the memory budget.  The finder runs the step at ``start`` and
-at twice that, extrapolates (aiming a little short, because a long extrapolation magnifies
-small errors), runs the predicted size, predicts again from the two largest sizes that fit,
-and closes the search by checking that the next multiple of ``multiple_of`` does *not* fit.
-When a prediction misses (the size runs out of memory) or cannot be made (no memory
-statistics, no growth), it falls back to doubling and binary search, the method of
-PyTorch Lightning's ``scale_batch_size``.
+at twice that, then at the size the line predicts (at most 8 times the largest that fitted,
+and aiming a little short: a long extrapolation magnifies small errors), draws the line
+again over a long base, and closes the search by checking that a size just above the answer
+(``tolerance``, at least one multiple of ``multiple_of``) does *not* fit.  The line is drawn
+through the memory the tensors need (``max_memory_allocated``), not what ``nvidia-smi``
+shows: near the limit the caching allocator gives its cache back rather than fail.  When a
+prediction misses or does not halve the range, the next size is the midpoint; after two
+misses, or where no prediction can be made (no memory statistics, no growth), the search is
+doubling and binary search, the method of PyTorch Lightning's ``scale_batch_size``.
 
 What counts as out of memory: ``torch.OutOfMemoryError`` (real CUDA, and the virtual GPU's,
 also in full-scale mode), PyTorch's other out-of-memory messages and TensorFlow's
@@ -327,9 +330,13 @@ class _CudaProbe(_Probe):
         self.index = index
         torch.cuda.synchronize(index)
         free, total = torch.cuda.mem_get_info(index)
-        self.capacity_bytes = int(total)
         # memory PyTorch does not manage: the CUDA context, other processes
         self.other = int(total - free - torch.cuda.memory_reserved(index))
+        self.capacity_bytes = int(total)
+        getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        fraction = getter(index) if getter is not None else 1.0
+        if fraction < 1.0:  # set_per_process_memory_fraction caps what the allocator reserves
+            self.capacity_bytes = min(int(total), self.other + int(total * fraction))
         self.name = f"cuda:{index} ({torch.cuda.get_device_name(index)})"
 
     def allocated(self):

@@ -422,3 +422,66 @@ def test_tensorflow_runs_out_of_memory_for_real_on_the_cpu():
                for e in res["errors"]), res["errors"]
     assert 1000 < res["batch"] < 4000
     assert res["same"]
+
+
+# ---------------------------------------------------------------- CUDA, simulated
+class FakeCuda:
+    """torch.cuda's memory statistics for a pretend 16 GiB card capped at 25 %."""
+
+    GiB = 2**30
+
+    def __init__(self, per_sample=8 * MiB, fixed=256 * MiB, context=512 * MiB):
+        self.per_sample, self.fixed, self.context = per_sample, fixed, context
+        self.total, self.fraction = 16 * self.GiB, 0.25
+        self.allocated = self.reserved = self.fixed
+        self.peak_alloc = self.peak_reserved = self.fixed
+        self.synced = self.emptied = 0
+
+    def step(self, b):
+        need = self.fixed + self.per_sample * b
+        if need > self.total * self.fraction:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {need} bytes")
+        self.peak_alloc = max(self.peak_alloc, need)
+        self.peak_reserved = max(self.peak_reserved, need + 20 * MiB)
+        self.reserved = max(self.reserved, need + 20 * MiB)  # cached after the step
+
+    def install(self, monkeypatch):
+        c = torch.cuda
+        patches = {
+            "is_available": lambda: True, "current_device": lambda: 0,
+            "get_device_name": lambda i=0: "Pretend GPU",
+            "synchronize": lambda i=None: setattr(self, "synced", self.synced + 1),
+            "mem_get_info": lambda i=None: (self.total - self.context - self.reserved,
+                                            self.total),
+            "memory_reserved": lambda i=None: self.reserved,
+            "memory_allocated": lambda i=None: self.allocated,
+            "max_memory_allocated": lambda i=None: self.peak_alloc,
+            "max_memory_reserved": lambda i=None: self.peak_reserved,
+            "get_per_process_memory_fraction": lambda i=None: self.fraction,
+            "reset_peak_memory_stats": self._reset, "empty_cache": self._empty,
+        }
+        for name, fn in patches.items():
+            monkeypatch.setattr(c, name, fn)
+
+    def _reset(self, i=None):
+        self.peak_alloc, self.peak_reserved = self.allocated, self.reserved
+
+    def _empty(self):
+        self.emptied += 1
+        self.reserved = self.allocated
+
+
+def test_cuda_path_reads_the_allocator_and_respects_the_memory_fraction(monkeypatch):
+    cuda = FakeCuda()
+    cuda.install(monkeypatch)
+    r = helpers.find_batch_size(cuda.step, margin=0.1)
+    assert r.device == "cuda:0 (Pretend GPU)"
+    # capped by set_per_process_memory_fraction: the CUDA context plus a quarter of the card
+    assert r.capacity_bytes == cuda.context + 4 * FakeCuda.GiB
+    assert r.budget_bytes == int(0.9 * r.capacity_bytes)
+    chosen = r.trial(r.batch_size)
+    assert chosen.peak_bytes == cuda.context + cuda.fixed + cuda.per_sample * r.batch_size
+    assert chosen.reserved_bytes == chosen.peak_bytes + 20 * MiB  # nvidia-smi's view
+    largest = (r.budget_bytes - cuda.context - cuda.fixed) // cuda.per_sample
+    assert largest // 8 * 8 == r.batch_size  # exactly linear: the prediction is exact
+    assert r.n_trials <= 5 and cuda.synced >= r.n_steps and cuda.emptied >= r.n_trials
