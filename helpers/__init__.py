@@ -103,11 +103,20 @@ _EXPORTS = {
     "BatchSizeResult": "batch_size",
     "BatchSizeError": "batch_size",
     "is_oom_error": "batch_size",
+    # the out-of-memory challenge (lesson 08)
+    "LargeResNet": "oom",
+    "SyntheticImages": "oom",
+    "TrainingCheck": "oom",
+    "check_training": "oom",
+    "count_flops": "oom",
+    "fix_table": "oom",
+    "plot_fixes": "oom",
 }
 
 _SUBMODULES = {
     "amp", "batch_size", "build", "checkpoint", "data", "device", "environment", "exercises",
     "fmt", "gauge", "instructor", "keras_amp", "launch", "liveplot", "memory", "models", "nvml",
+    "oom",
     "progress", "recorded", "runtime", "throughput", "timing",
 }
 

@@ -120,6 +120,9 @@ def _downsample(cin: int, cout: int, stride: int):
 _RESNET_LAYOUT = {
     18: (_Basic, (2, 2, 2, 2)), 34: (_Basic, (3, 4, 6, 3)), 50: (_Bottleneck, (3, 4, 6, 3)),
     101: (_Bottleneck, (3, 4, 23, 3)), 152: (_Bottleneck, (3, 8, 36, 3)),
+    # ResNet-200 (He et al., 2016, "Identity Mappings in Deep Residual Networks"), with the
+    # post-activation blocks of the others; lesson 08's LargeResNet
+    200: (_Bottleneck, (3, 24, 36, 3)),
 }
 
 
@@ -130,10 +133,11 @@ class ResNet(nn.Module):
     every layer (``width=8`` makes a CPU-sized network with the same structure). The residual
     blocks are one flat ``nn.Sequential`` in ``self.layers`` (between ``self.stem`` and
     ``self.head``), so they can be checkpointed in segments with ``checkpoint_sequential``.
-    Lessons 06 and 08 use it; its full-size versions are measured with fake tensors.
+    Lessons 05, 06 and 08 use it (08's ``LargeResNet`` is ``ResNet(200)``); its full-size
+    versions are measured with fake tensors.
 
     Args:
-        depth: 18, 34, 50, 101 or 152.
+        depth: 18, 34, 50, 101, 152 or 200.
         n_classes: outputs of the final linear layer.
         in_channels: image channels.
         width: channels of the first stage (64 in the paper).

@@ -105,7 +105,8 @@ class full_scale:  # noqa: N801 - used like a function: ``with helpers.full_scal
     Inside, new tensors are made on ``device`` (default: ``helpers.pick_device()``), so
     device-agnostic code works unchanged; ``model.to(device)`` is then a no-op, as it should
     be (PyTorch cannot move fake parameters between devices or dtypes: create the model
-    where and as it will be used).
+    where and as it will be used). A ``DataLoader`` (``num_workers=0``, no shuffling) over a
+    data set that makes its samples when they are read works inside too.
 
     ``measure_step`` works inside; ``VirtualGPU(..., fake=True)`` combines both. Re-entering
     the same ``full_scale`` object continues with the same fake tensors.
@@ -163,10 +164,24 @@ def _module_apply(self, fn, *args, **kwargs):
         ) from exc
 
 
+_LOADER_ITER = torch.utils.data.dataloader._BaseDataLoaderIter
+_ORIGINAL_LOADER_INIT = _LOADER_ITER.__init__
+
+
+def _loader_iter_init(self, loader, *args, **kwargs):
+    """``DataLoader`` iterators draw their random seeds with ``.item()``, which fake tensors
+    cannot answer: draw them as real numbers. Batches are then made (fake) as usual."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        _ORIGINAL_LOADER_INIT(self, loader, *args, **kwargs)
+
+
 def _patch_module_to(delta: int) -> None:
     global _patches
     _patches += delta
     torch.nn.Module._apply = _module_apply if _patches > 0 else _ORIGINAL_APPLY
+    _LOADER_ITER.__init__ = _loader_iter_init if _patches > 0 else _ORIGINAL_LOADER_INIT
 
 
 def _device_type(device) -> str:

@@ -1,0 +1,581 @@
+"""Lesson 08: the out-of-memory challenge, reproducible on any machine and checked automatically.
+
+::
+
+    def original(model, optimizer):                  # the workshop's training step
+        criterion = nn.CrossEntropyLoss()
+        def step(data, labels):
+            loss = criterion(model(data), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            return loss
+        return step
+
+    helpers.check_training(original, batch_size=256)   # does not fit on an L40S: needs 61 GiB
+    helpers.check_training(original, batch_size=32)    # fits
+
+:func:`check_training` runs a proposed training step twice:
+
+* at **full scale**: the real ``LargeResNet`` on 224 x 224 images at the batch size given, on
+  a virtual L40S (fake tensors, CUDA-like allocator rounding, a 500 MiB CUDA context), until
+  the optimizer has stepped twice (Adam's state appears in the first step). It fits when no
+  ``torch.OutOfMemoryError`` is raised; the peak is what ``nvidia-smi`` would have shown.
+  On a CUDA GPU at least as large as the card, the real model is trained on the real GPU
+  instead, with the allocator capped to the card's memory
+  (``torch.cuda.set_per_process_memory_fraction``);
+* at **small scale**: a narrow copy of the model (``width=8``) on 32 x 32 images, trained for
+  real for a few steps on this machine's device, to check that the loss stays finite.
+
+It reports the micro-batch (the largest batch the model saw in one forward pass) and the
+effective batch (samples per optimizer step), so a fix that silently changes training shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import numbers
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .fmt import Table, fmt_bytes
+from .memory.capacity import parse_capacity, resolve_capacity
+from .models import ResNet
+
+__all__ = [
+    "LargeResNet", "SyntheticImages", "TrainingCheck", "check_training", "count_flops",
+    "fix_table", "plot_fixes",
+]
+
+#: the virtual card's CUDA context, as lessons 05 and 06 assume
+CONTEXT = "500 MiB"
+#: the largest card the checker simulates when a step does not fit, to say what it needs
+_UNLIMITED = "4096 GiB"
+_SMALL = {"width": 8, "n_classes": 10}
+_SMALL_IMAGE = 32
+
+
+class LargeResNet(ResNet):
+    """The challenge's model: ResNet-200 (3, 24, 36 and 3 bottleneck blocks, 64.7 M parameters).
+
+    Laid out like ``helpers.ResNet``: ``self.stem``, the 66 residual blocks in one
+    ``nn.Sequential`` ``self.layers`` (ready for ``checkpoint_sequential``), ``self.head``.
+    At batch 256 on 224 x 224 images, a training step with Adam needs about 62 GiB: more than
+    an L40S has. ``width`` scales every layer (``width=8``: a small copy the checker trains
+    for real).
+    """
+
+    def __init__(self, n_classes: int = 1000, in_channels: int = 3, width: int = 64):
+        super().__init__(depth=200, n_classes=n_classes, in_channels=in_channels, width=width)
+
+
+class SyntheticImages(torch.utils.data.Dataset):
+    """Random images with learnable labels, made on the fly (nothing to download).
+
+    Sample ``i`` is the same every time it is read (its noise is seeded by ``seed`` and
+    ``i``). Each sample is ``(image, label)``: a ``(channels, size, size)`` float32 image of noise
+    whose mean over one channel depends on the label. Items are made when they are read, so
+    inside ``helpers.full_scale()`` or a ``VirtualGPU(fake=True)`` they are fake tensors too.
+
+    Args:
+        n_samples: length of the data set.
+        size: image height and width (224 for ImageNet-sized images).
+        n_classes: number of labels.
+        channels: image channels.
+        seed: the labels are ``(seed + index) % n_classes``.
+    """
+
+    def __init__(self, n_samples: int = 1024, *, size: int = 224, n_classes: int = 1000,
+                 channels: int = 3, seed: int = 0):
+        self.n_samples = _positive_int(n_samples, "n_samples")
+        self.size = _positive_int(size, "size")
+        self.n_classes = _positive_int(n_classes, "n_classes")
+        self.channels = _positive_int(channels, "channels")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return self.n_samples
+
+    def __getitem__(self, index: int):
+        if not -self.n_samples <= index < self.n_samples:
+            raise IndexError(f"index {index} is out of range for {self.n_samples} samples")
+        index %= self.n_samples
+        label = (self.seed + index) % self.n_classes
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        image = torch.randn(self.channels, self.size, self.size, generator=generator)
+        image[label % self.channels] += 2.0 * label / self.n_classes - 1.0
+        return image, torch.tensor(label)
+
+    def __repr__(self) -> str:
+        return (f"SyntheticImages({self.n_samples} x {self.channels}x{self.size}x{self.size}, "
+                f"{self.n_classes} classes)")
+
+
+# --------------------------------------------------------------------------- validation
+def _positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    return int(value)
+
+
+def _factory(value, name: str, default):
+    if value is None:
+        return default
+    if isinstance(value, (nn.Module, torch.optim.Optimizer)):
+        raise TypeError(
+            f"{name} must be a class or function that builds one (e.g. "
+            f"{'helpers.LargeResNet' if name == 'model' else 'torch.optim.Adam'}), not an "
+            f"instance: the checker builds a full-size one and a small one itself"
+        )
+    if not callable(value):
+        raise TypeError(f"{name} must be a class or a function, got {value!r}")
+    return value
+
+
+def _check_make_step(make_step) -> None:
+    if not callable(make_step):
+        raise TypeError(
+            "make_step must be a function make_step(model, optimizer) that returns a function "
+            f"step(data, labels) -> loss; got {make_step!r}"
+        )
+
+
+# --------------------------------------------------------------------------- running steps
+@dataclass
+class _Run:
+    calls: int = 0
+    updates: int = 0
+    micro_batch: int = 0
+    samples: int = 0
+    losses: list = field(default_factory=list)
+
+
+_FAKE_VALUE_HINT = (
+    "the training step reads a tensor's value (loss.item(), float(loss), print(loss) or an "
+    "`if` on a tensor). At full scale the checker runs the step on fake tensors, which have "
+    "shapes but no values: return the loss from step() instead and let the checker read it."
+)
+
+
+def _run_steps(make_step, net, opt, *, batch_size: int, image_size: int, n_classes: int,
+               device, min_updates: int, max_calls: int, read_losses: bool) -> _Run:
+    """Call the learner's step on fresh batches until the optimizer has stepped
+    ``min_updates`` times (or ``max_calls`` calls); count what it did."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    run = _Run()
+
+    def count_update(*_):
+        run.updates += 1
+
+    def count_forward(_module, args):
+        if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
+            run.micro_batch = max(run.micro_batch, int(args[0].shape[0]))
+
+    handles = [opt.register_step_post_hook(count_update),
+               net.register_forward_pre_hook(count_forward)]
+    try:
+        step = make_step(net, opt)
+        if not callable(step):
+            raise TypeError(
+                "make_step(model, optimizer) must return a function step(data, labels) that "
+                f"trains on one batch and returns its loss; it returned {step!r}"
+            )
+        while run.updates < min_updates and run.calls < max_calls:
+            data = torch.randn(batch_size, 3, image_size, image_size, device=device)
+            labels = torch.randint(0, n_classes, (batch_size,), device=device)
+            try:
+                loss = step(data, labels)
+            except DataDependentOutputException as exc:
+                raise RuntimeError(_FAKE_VALUE_HINT) from exc
+            if loss is None:
+                raise TypeError("step(data, labels) must return the loss (a tensor or a "
+                                "number); it returned None")
+            run.calls += 1
+            run.samples += batch_size
+            if read_losses:
+                run.losses.append(float(loss.detach().float()) if isinstance(loss, torch.Tensor)
+                                  else float(loss))
+            del loss, data, labels
+    finally:
+        for h in handles:
+            h.remove()
+    if run.updates == 0:
+        raise ValueError(
+            f"the optimizer never stepped in {run.calls} calls of step(data, labels): call "
+            "optimizer.step() (or scaler.step(optimizer)) in the step, at least every "
+            f"{max_calls // max(min_updates, 1)} calls"
+        )
+    return run
+
+
+def _build(model_factory, opt_factory, device, **kwargs):
+    try:
+        net = model_factory(**kwargs)
+    except TypeError as exc:
+        if kwargs:
+            raise TypeError(
+                f"the checker builds a small copy of the model with {kwargs}: model must "
+                f"accept these keyword arguments, as helpers.LargeResNet does ({exc})"
+            ) from exc
+        raise
+    if not isinstance(net, nn.Module):
+        raise TypeError(f"model() must build an nn.Module, it returned {type(net).__name__}")
+    net = net.to(device)
+    opt = opt_factory(net.parameters())
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise TypeError(f"optimizer(params) must build a torch.optim.Optimizer, it returned "
+                        f"{type(opt).__name__}")
+    return net, opt
+
+
+_TRIED = re.compile(r"Tried to allocate ([\d.]+ \w+)")
+_WHERE = re.compile(r"raised ([^\]]*?)\.\]")
+
+
+def _short_oom(message: str) -> str:
+    tried = _TRIED.search(message)
+    where = _WHERE.search(message)
+    parts = ["torch.OutOfMemoryError"]
+    if where:
+        parts.append(where.group(1).split(" by ")[0])
+    if tried:
+        parts.append(f"(tried to allocate {tried.group(1)})")
+    return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- result
+@dataclass(frozen=True)
+class TrainingCheck:
+    """What :func:`check_training` found. ``passed``: fits and the loss stayed finite.
+
+    ``peak_bytes`` is the full-scale peak the card would show (CUDA context + memory the
+    allocator reserved) when the step fits; when it does not, ``oom`` holds the error's
+    message and ``needed_bytes`` what the step needs (measured on a larger virtual card).
+    """
+
+    name: str
+    gpu: str
+    capacity_bytes: int
+    source: str
+    fits: bool
+    peak_bytes: int | None
+    needed_bytes: int | None
+    oom: str | None
+    batch_size: int
+    micro_batch: int
+    effective_batch: int
+    updates: int
+    losses: tuple
+    small_scale: str
+
+    @property
+    def loss_finite(self) -> bool:
+        return bool(self.losses) and all(math.isfinite(v) for v in self.losses)
+
+    @property
+    def passed(self) -> bool:
+        return self.fits and self.loss_finite
+
+    @property
+    def bytes(self) -> int | None:
+        """The peak when it fits, else what it needs."""
+        return self.peak_bytes if self.fits else self.needed_bytes
+
+    @property
+    def share(self) -> float | None:
+        """Peak (or need) as a fraction of the card."""
+        return None if self.bytes is None else self.bytes / self.capacity_bytes
+
+    def memory_text(self) -> str:
+        if self.fits:
+            return (f"fits on the {self.gpu}: peak {fmt_bytes(self.peak_bytes)} of "
+                    f"{fmt_bytes(self.capacity_bytes)} ({self.share:.0%})")
+        need = (f"needs {fmt_bytes(self.needed_bytes)} ({self.share:.0%} of the card)"
+                if self.needed_bytes else "needs more than the largest card simulated")
+        return f"does not fit on the {self.gpu}: {_short_oom(self.oom or '')}; {need}"
+
+    def loss_text(self) -> str:
+        if not self.losses:
+            return "no loss"
+        values = " -> ".join(f"~{v:.3g}" for v in self.losses)
+        return f"loss {values} ({'finite' if self.loss_finite else 'NOT finite'})"
+
+    def text(self) -> str:
+        verdict = "passes" if self.passed else "fails"
+        return (f"{self.name}: {verdict}. Full scale ({self.source}): {self.memory_text()}. "
+                f"Batch {self.batch_size}: micro-batch {self.micro_batch}, effective batch "
+                f"{self.effective_batch} per optimizer step. Small scale "
+                f"({self.small_scale}): {self.loss_text()}.")
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        import html
+
+        colour = "#2a7d2a" if self.passed else "#b22222"
+        verdict = "passes" if self.passed else "fails"
+        rows = [
+            ("full scale", f"{self.source}: {self.memory_text()}"),
+            ("batch", f"{self.batch_size} per call; micro-batch {self.micro_batch}; effective "
+                      f"batch {self.effective_batch} per optimizer step"),
+            ("small scale", f"{self.small_scale}: {self.loss_text()}"),
+        ]
+        body = "".join(f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(k)}"
+                       f"</th><td style='text-align:left'>{html.escape(v)}</td></tr>"
+                       for k, v in rows)
+        return (f"<div><b>{html.escape(self.name)}</b>: <b style='color:{colour}'>{verdict}"
+                f"</b><table>{body}</table></div>")
+
+
+# --------------------------------------------------------------------------- the checker
+def check_training(make_step: Callable, *, batch_size: int = 256, model=None, optimizer=None,
+                   gpu="L40S", name: str | None = None, device=None,
+                   small_steps: int = 3) -> TrainingCheck:
+    """Does this training step fit on the card, and does it still train?
+
+    Args:
+        make_step: ``make_step(model, optimizer)`` returns ``step(data, labels)``, which trains
+            on one batch from the data loader (``data``: ``(batch_size, 3, 224, 224)`` on the
+            device) and returns the loss. Create what the step keeps between calls (a
+            ``GradScaler``, an accumulation counter) in ``make_step``.
+        batch_size: the data loader's batch size.
+        model: a class or function building the model (default ``helpers.LargeResNet``); it
+            must accept ``width=`` and ``n_classes=`` for the small copy.
+        optimizer: a class or function ``optimizer(params)`` (default ``torch.optim.Adam``).
+        gpu: the card to fit on: a known name (``"L40S"``) or a size (``"48 GiB"``).
+        name: a label for tables (default: the make_step function's name).
+        device: where to run (default ``helpers.pick_device()``). On a CUDA GPU with at least
+            the card's memory, the full-scale run is real, capped to the card's size.
+        small_steps: optimizer steps of the small-scale run (at least 1).
+
+    Returns:
+        a :class:`TrainingCheck` (shows itself as a small table in notebooks).
+    """
+    _check_make_step(make_step)
+    batch_size = _positive_int(batch_size, "batch_size")
+    small_steps = _positive_int(small_steps, "small_steps")
+    model_factory = _factory(model, "model", LargeResNet)
+    opt_factory = _factory(optimizer, "optimizer", torch.optim.Adam)
+    card, capacity = resolve_capacity(gpu)
+    card = card or fmt_bytes(capacity)
+    if capacity <= parse_capacity(CONTEXT):
+        raise ValueError(f"gpu must have more memory than the {CONTEXT} the CUDA context "
+                         f"takes, got {fmt_bytes(capacity)}")
+    if device is None:
+        from .environment import pick_device
+
+        device = pick_device()
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r} is not a torch device") from None
+    label = name if name is not None else getattr(make_step, "__name__", "training step")
+    if not isinstance(label, str):
+        raise TypeError(f"name must be a string, got {label!r}")
+
+    kwargs = dict(batch_size=batch_size, model_factory=model_factory, opt_factory=opt_factory)
+    full = None
+    if device.type == "cuda" and torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(device).total_memory
+        if total >= capacity:
+            full = _full_scale_cuda(make_step, device=device, capacity=capacity, card=card,
+                                    **kwargs)
+    if full is None:
+        full = _full_scale_virtual(make_step, capacity=capacity, card=card, **kwargs)
+    small = _small_scale(make_step, device=device, steps=small_steps, **kwargs)
+    losses = tuple(full.pop("losses", ())) + tuple(small.losses)
+    return TrainingCheck(
+        name=label, gpu=card, capacity_bytes=capacity, losses=losses,
+        small_scale=(f"width {_SMALL['width']}, {_SMALL_IMAGE}x{_SMALL_IMAGE} images, "
+                     f"{small.updates} optimizer steps on {device.type}"),
+        batch_size=batch_size, **full,
+    )
+
+
+def _counts(run: _Run) -> dict:
+    return dict(micro_batch=run.micro_batch, updates=run.updates,
+                effective_batch=round(run.samples / run.updates))
+
+
+def _full_scale_virtual(make_step, *, batch_size, model_factory, opt_factory, capacity,
+                        card) -> dict:
+    from .memory.virtual import VirtualGPU
+
+    def attempt(size):
+        gpu = VirtualGPU(size, fake=True, rounding=True, context_bytes=CONTEXT)
+        with gpu:
+            net, opt = _build(model_factory, opt_factory, gpu.device_type)
+            run = _run_steps(make_step, net, opt, batch_size=batch_size, image_size=224,
+                             n_classes=1000, device=gpu.device_type, min_updates=2,
+                             max_calls=64, read_losses=False)
+            del net, opt
+        return gpu, run
+
+    source = f"virtual {card}, fake tensors, CUDA allocator rounding, {CONTEXT} context"
+    oom = None
+    try:
+        gpu, run = attempt(capacity)
+    except torch.OutOfMemoryError as exc:
+        oom = str(exc)
+    if oom is None:
+        return dict(source=source, fits=True, oom=None, needed_bytes=None,
+                    peak_bytes=gpu.context_bytes + gpu.peak_reserved_bytes,
+                    **_counts(run))
+    gc.collect()
+    try:
+        big, run = attempt(max(parse_capacity(_UNLIMITED), 2 * capacity))
+        needed = big.context_bytes + big.peak_reserved_bytes
+    except torch.OutOfMemoryError:
+        return dict(source=source, fits=False, oom=oom, needed_bytes=None, peak_bytes=None,
+                    micro_batch=batch_size, effective_batch=batch_size, updates=0)
+    return dict(source=source, fits=False, oom=oom, needed_bytes=needed, peak_bytes=None,
+                **_counts(run))
+
+
+@contextlib.contextmanager
+def _capped(device, fraction: float):
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    try:
+        yield
+    finally:
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def _full_scale_cuda(make_step, *, device, batch_size, model_factory, opt_factory, capacity,
+                     card) -> dict | None:
+    """The real model on the real GPU, its allocator capped to the card's memory."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    outside = total - free - torch.cuda.memory_reserved(device)  # context, other processes
+    budget = capacity - outside
+    if budget <= 0:
+        return None
+
+    def attempt(fraction):
+        torch.cuda.reset_peak_memory_stats(device)
+        with _capped(device, fraction):
+            net, opt = _build(model_factory, opt_factory, device)
+            run = _run_steps(make_step, net, opt, batch_size=batch_size, image_size=224,
+                             n_classes=1000, device=device, min_updates=2, max_calls=64,
+                             read_losses=True)
+            del net, opt
+        return run, outside + torch.cuda.max_memory_reserved(device)
+
+    source = (f"{torch.cuda.get_device_name(device)}, real allocator capped to the {card}'s "
+              f"{fmt_bytes(capacity)}")
+    oom = None
+    try:
+        run, peak = attempt(budget / total)
+    except torch.OutOfMemoryError as exc:
+        oom = str(exc)
+    if oom is None:
+        return dict(source=source, fits=True, oom=None, needed_bytes=None, peak_bytes=peak,
+                    losses=run.losses, **_counts(run))
+    try:
+        run, needed = attempt(1.0)
+    except torch.OutOfMemoryError:
+        return dict(source=source, fits=False, oom=oom, needed_bytes=None, peak_bytes=None,
+                    micro_batch=batch_size, effective_batch=batch_size, updates=0)
+    return dict(source=source, fits=False, oom=oom, needed_bytes=needed, peak_bytes=None,
+                losses=run.losses, **_counts(run))
+
+
+def _small_scale(make_step, *, device, steps, batch_size, model_factory, opt_factory) -> _Run:
+    torch.manual_seed(0)
+    net, opt = _build(model_factory, opt_factory, device, **_SMALL)
+    net.train()
+    return _run_steps(make_step, net, opt, batch_size=batch_size, image_size=_SMALL_IMAGE,
+                      n_classes=_SMALL["n_classes"], device=device, min_updates=steps,
+                      max_calls=32 * steps, read_losses=True)
+
+
+# --------------------------------------------------------------------------- compute cost
+def count_flops(make_step: Callable, *, batch_size: int = 256, model=None, optimizer=None,
+                image_size: int = 224) -> float:
+    """Floating-point operations per training sample of one optimizer step, at full scale.
+
+    Counted exactly with ``torch.utils.flop_counter.FlopCounterMode`` on fake tensors
+    (matrix multiplications and convolutions, forward and backward; recomputation included),
+    so checkpointing's extra forward pass shows; the precision does not change the count.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .memory.virtual import full_scale
+
+    _check_make_step(make_step)
+    batch_size = _positive_int(batch_size, "batch_size")
+    image_size = _positive_int(image_size, "image_size")
+    model_factory = _factory(model, "model", LargeResNet)
+    opt_factory = _factory(optimizer, "optimizer", torch.optim.Adam)
+    fs = full_scale()
+    with fs:
+        net, opt = _build(model_factory, opt_factory, fs.device)
+        with FlopCounterMode(display=False) as counter:
+            run = _run_steps(make_step, net, opt, batch_size=batch_size, image_size=image_size,
+                             n_classes=1000, device=fs.device, min_updates=1, max_calls=64,
+                             read_losses=False)
+        del net, opt
+    return counter.get_total_flops() / run.samples
+
+
+# --------------------------------------------------------------------------- comparing fixes
+def _as_checks(checks) -> list[TrainingCheck]:
+    items = list(checks.values()) if isinstance(checks, Mapping) else list(checks)
+    if not items or not all(isinstance(c, TrainingCheck) for c in items):
+        raise TypeError("pass a non-empty list (or dict) of results of helpers.check_training")
+    return items
+
+
+def fix_table(checks) -> Table:
+    """One row per :class:`TrainingCheck`: fits?, peak (or need), share of the card, batches."""
+    items = _as_checks(checks)
+    rows = []
+    for c in items:
+        memory = fmt_bytes(c.bytes) if c.bytes is not None else "?"
+        share = f"{c.share:.0%}" if c.share is not None else "?"
+        rows.append([c.name, "yes" if c.fits else "no (OOM)", memory, share, c.micro_batch,
+                     c.effective_batch, "finite" if c.loss_finite else "NOT finite"])
+    return Table(["training step", f"fits on the {items[0].gpu}", "peak (or needed)",
+                  "share of the card", "micro-batch", "effective batch", "loss"], rows)
+
+
+def plot_fixes(checks, *, title: str | None = None):
+    """A bar chart of each step's peak (or need) against the card's capacity line."""
+    import matplotlib.pyplot as plt
+
+    items = _as_checks(checks)
+    capacity = items[0].capacity_bytes
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(items) + 1.4), dpi=80)
+    fig.patch.set_facecolor("white")
+    names = [c.name for c in items][::-1]
+    values = [(c.bytes or 0) / 2**30 for c in items][::-1]
+    colours = ["#0072b2" if c.fits else "#d55e00" for c in items][::-1]
+    hatches = ["" if c.fits else "//" for c in items][::-1]
+    bars = ax.barh(names, values, color=colours)
+    for bar, hatch, value in zip(bars, hatches, values, strict=True):
+        bar.set_hatch(hatch)
+        ax.text(value, bar.get_y() + bar.get_height() / 2, f" {value:.1f}", va="center",
+                fontsize=8)
+    ax.axvline(capacity / 2**30, color="black", ls="--", lw=1,
+               label=f"{items[0].gpu}: {capacity / 2**30:.1f} GiB")
+    ax.legend(loc="lower right", frameon=False, fontsize=8)
+    ax.set_xlabel("GiB at the peak (blue: fits; orange, hatched: out of memory)")
+    ax.set_xlim(0, max(values + [capacity / 2**30]) * 1.15)
+    ax.set_title(title or "Peak memory of a training step, full scale", fontsize=10)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig

@@ -1,0 +1,67 @@
+"""GPU checks of lesson 08's checker: the real allocator, capped to an L40S, agrees with the
+virtual L40S.
+
+    python -m pytest tests/gpu/test_oom_gpu.py -m gpu -q
+
+On a CUDA GPU with at least an L40S's memory (46068 MiB), ``helpers.check_training`` trains
+the real ResNet-200 on the real GPU with ``torch.cuda.set_per_process_memory_fraction``
+capping PyTorch's allocator at what an L40S leaves after the CUDA context. Checked: the
+workshop's script (batch 256) runs out of memory and batch 32 fits, as on the virtual L40S;
+the real peak of batch 32 is within 15 % of the virtual prediction; the cap is lifted and the
+memory given back afterwards. Without such a GPU the tests skip with the reason.
+"""
+
+import gc
+
+import pytest
+import torch
+from torch import nn
+
+import helpers
+
+pytestmark = pytest.mark.gpu
+
+L40S = helpers.KNOWN_GPUS["L40S"]
+
+
+def large_enough() -> bool:
+    return (torch.cuda.is_available()
+            and torch.cuda.get_device_properties(0).total_memory >= L40S)
+
+
+requires_big_gpu = pytest.mark.skipif(
+    not large_enough(), reason="needs a CUDA GPU with at least an L40S's 46068 MiB")
+
+
+def original(model, optimizer):
+    criterion = nn.CrossEntropyLoss()
+
+    def step(data, labels):
+        loss = criterion(model(data), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+    return step
+
+
+@requires_big_gpu
+def test_the_real_gpu_agrees_with_the_virtual_l40s():
+    device = torch.device("cuda", 0)
+    before = torch.cuda.memory_allocated(device)
+    crash = helpers.check_training(original, batch_size=256, device=device, small_steps=1)
+    assert not crash.fits and "out of memory" in crash.oom.lower()
+    assert "real allocator capped" in crash.source
+    fits = helpers.check_training(original, batch_size=32, device=device, small_steps=1)
+    assert fits.passed, fits.text()
+    virtual = helpers.check_training(original, batch_size=32, device="cpu", small_steps=1)
+    print(f"batch 32: real {helpers.fmt_bytes(fits.peak_bytes)}, virtual "
+          f"{helpers.fmt_bytes(virtual.peak_bytes)}")
+    assert abs(fits.peak_bytes - virtual.peak_bytes) < 0.15 * virtual.peak_bytes
+    gc.collect()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_allocated(device) == before
+    # the cap is lifted: a tensor larger than an L40S's share can be made again
+    if torch.cuda.mem_get_info(device)[0] > L40S + 2**30:
+        big = torch.empty(L40S // 4 + 2**28, dtype=torch.float32, device=device)
+        del big
