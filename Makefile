@@ -16,7 +16,8 @@ SHELL := /bin/bash
 
 PYTHON ?= $(shell command -v python3.11 >/dev/null 2>&1 && echo python3.11 || echo python3)
 VENV ?= .venv
-GPU ?= 0
+# an environment set up with GPU=1 stays a GPU environment (make lab, test, kernel...)
+GPU ?= $(if $(wildcard $(VENV)/.installed-gpu1),1,0)
 PORT ?= 8888
 WHEELHOUSE ?=
 PIP_SOURCE := $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE))
@@ -80,11 +81,17 @@ release-solutions: setup
 KERNEL_NAME ?= gpu-lessons
 kernel: setup
 	$(PY) -m ipykernel install --user --name $(KERNEL_NAME) \
-	  --display-name "Python (gpu-lessons)" --env GPU_LESSONS_KIT $(CURDIR)
+	  --display-name "Python (gpu-lessons)"
 
 # wheels for offline installs on compute nodes: `make setup WHEELHOUSE=wheelhouse`
 wheelhouse: setup
+ifeq ($(GPU),1)
+	grep -v -E '^(torch|tensorflow)' requirements.txt > $(VENV)/requirements-nofw.txt
+	$(PY) -m pip download --quiet -d wheelhouse -r requirements-gpu.txt \
+	  -r $(VENV)/requirements-nofw.txt setuptools wheel
+else
 	$(PY) -m pip download --quiet -d wheelhouse -r requirements.txt setuptools wheel
+endif
 	@echo "wheelhouse/ ready: copy the kit to the cluster, then make lab WHEELHOUSE=wheelhouse"
 
 # ---------------------------------------------------------------- tests

@@ -121,3 +121,10 @@ def test_checks_pass_on_solutions_and_not_on_stubs(path):
             check_cell = next(c for c in cells[ex.cell_index + 1:] if c["cell_type"] == "code")
             shown = json.dumps(check_cell.get("outputs", []))
             assert f"Challenge {ex.id}{verdict}" in shown, f"{folder}/{path.name} {ex.id}"
+
+
+def test_lesson_00_links_every_lesson_in_order():
+    """`make lab` opens lesson 00: it is the index a learner starts from."""
+    text = markdown(load(ROOT / "solutions" / "00_setup.ipynb"))
+    links = re.findall(r"\]\((\d\d_\w+)\.ipynb\)", text)
+    assert links == [p.stem for p in SOLUTIONS]
