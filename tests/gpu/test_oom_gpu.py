@@ -15,9 +15,9 @@ import gc
 
 import pytest
 import torch
-from torch import nn
 
 import helpers
+from helpers.oom import original_step as original
 
 pytestmark = pytest.mark.gpu
 
@@ -31,18 +31,6 @@ def large_enough() -> bool:
 
 requires_big_gpu = pytest.mark.skipif(
     not large_enough(), reason="needs a CUDA GPU with at least an L40S's 46068 MiB")
-
-
-def original(model, optimizer):
-    criterion = nn.CrossEntropyLoss()
-
-    def step(data, labels):
-        loss = criterion(model(data), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-    return step
 
 
 @requires_big_gpu

@@ -9,6 +9,7 @@ from torch.utils.checkpoint import checkpoint_sequential
 
 import helpers
 from helpers.oom import LargeResNet, SyntheticImages, TrainingCheck
+from helpers.oom import original_step as plain
 
 
 @pytest.fixture(autouse=True)
@@ -19,19 +20,6 @@ def cpu_device(monkeypatch):
 def small_resnet(width=16, n_classes=1000):
     """A ResNet-18 with the same constructor arguments as LargeResNet (fast to check)."""
     return helpers.ResNet(18, width=width, n_classes=n_classes)
-
-
-def plain(model, optimizer):
-    criterion = nn.CrossEntropyLoss()
-
-    def step(data, labels):
-        loss = criterion(model(data), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return step
 
 
 def accumulate_in_step(k):
