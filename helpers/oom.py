@@ -118,7 +118,8 @@ def original_step(model, optimizer):
     criterion = nn.CrossEntropyLoss()
 
     def step(data, labels):
-        loss = criterion(model(data), labels)
+        outputs = model(data)
+        loss = criterion(outputs, labels)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
