@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -38,7 +39,8 @@ DIST = ROOT / "dist"
 # bundle, handed out after the workshop, adds. Neither holds the instructor notes (docs/).
 LEARNER_BUNDLE = ["README.md", "LICENSE", "CONTRIBUTING.md", "Makefile", "pyproject.toml",
                   "requirements.txt", "requirements-gpu.txt", "environment.yml", "binder",
-                  "helpers", "lessons", "scripts", "benchmarks"]
+                  "helpers", "lessons", "scripts", "benchmarks",
+                  "tests/gpu/results"]  # recorded GPU results lessons 05-09 show, once there
 SOLUTIONS_EXTRA = ["solutions"]
 
 SOLUTION_TAG = "solution"
@@ -310,8 +312,17 @@ def release(solutions: bool = False, out_dir: Path | None = None) -> Path:
     prefix = f"gpu-lessons-{__version__}"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
         for path in _tracked_files(paths):
-            zf.write(path, f"{prefix}/{path.relative_to(ROOT)}")
+            name = f"{prefix}/{path.relative_to(ROOT)}"
+            if path == ROOT / "README.md":
+                zf.writestr(name, _without_instructor_section(path.read_text(encoding="utf-8")))
+            else:
+                zf.write(path, name)
     return target
+
+
+def _without_instructor_section(readme: str) -> str:
+    """The README without its "For instructors" section: bundles leave docs/ out."""
+    return re.sub(r"(?ms)^## For instructors\n.*?(?=^## )", "", readme)
 
 
 def main(argv=None) -> int:

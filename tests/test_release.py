@@ -33,6 +33,8 @@ def test_learner_bundle_contains_no_solution_code(bundles):
         texts = {n: zf.read(n).decode("utf-8", "replace") for n in names}
     assert not [n for n in names if "/solutions/" in n], "solutions/ must not be shipped"
     assert not [n for n in names if "/docs/" in n], "instructor notes must not be shipped"
+    readme = next(t for n, t in texts.items() if n.endswith("/README.md"))
+    assert "docs/instructor-notes.md" not in readme and "## For authors" in readme
     assert any(n.endswith("lessons/00_setup.ipynb") for n in names)
     assert any(n.endswith("helpers/__init__.py") for n in names)
     checked = 0
