@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .fmt import Table, fmt_bytes, fmt_ratio
+from .fmt import ShownAsTable, Table, fmt_bytes, fmt_ratio
 from .timing import fmt_in_unit
 
 __all__ = ["AmpSettings", "amp_settings", "trace_dtypes", "DtypeTrace", "OpDtypes",
@@ -240,8 +240,8 @@ _ROWS = (("parameters", "parameters"), ("gradients", "gradients"),
          ("temporaries", "temporaries"), ("inputs", "inputs"))
 
 
-@dataclass(frozen=True)
-class MemoryComparison:
+@dataclass(frozen=True, repr=False)
+class MemoryComparison(ShownAsTable):
     """Memory reports of one step in several variants, side by side (exact bytes)."""
 
     reports: dict
@@ -281,15 +281,6 @@ class MemoryComparison:
         if all(phases):
             rows.append(["peak during", *phases, *([""] * len(others))])
         return Table(headers, rows)
-
-    def text(self) -> str:
-        return self.table().text()
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_html_(self) -> str:
-        return self.table()._repr_html_()
 
 
 def compare_memory(reports: Mapping, baseline: str | None = None) -> MemoryComparison:

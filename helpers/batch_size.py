@@ -423,11 +423,13 @@ class _TorchState:
     def __init__(self, model, optimizers, probe: _Probe):
         import torch
 
+        from .memory.engine import unique_params
+
         self.torch = torch
         self.model = model
         self.optimizers = optimizers
         self.probe = probe
-        self.params = _unique_params(model, optimizers)
+        self.params = unique_params(model, optimizers)
         fake = probe.fake or any(_is_fake(p) for p in self.params)
         self.fake = fake
         with probe.host_copies(), torch.no_grad():
@@ -510,19 +512,6 @@ def _clone_tree(obj):
     if isinstance(obj, tuple):
         return tuple(_clone_tree(v) for v in obj)
     return copy.deepcopy(obj)
-
-
-def _unique_params(model, optimizers) -> list:
-    seen, out = set(), []
-    sources = [] if model is None else list(model.parameters())
-    for opt in optimizers:
-        for group in opt.param_groups:
-            sources.extend(group["params"])
-    for p in sources:
-        if id(p) not in seen:
-            seen.add(id(p))
-            out.append(p)
-    return out
 
 
 class _KerasState:

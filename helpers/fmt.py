@@ -27,6 +27,7 @@ __all__ = [
     "fmt_rate",
     "fmt_ratio",
     "Table",
+    "ShownAsTable",
 ]
 
 KiB = 1024
@@ -163,3 +164,20 @@ class Table:
         )
         caption = f"<caption>{esc(self.title)}</caption>" if self.title else ""
         return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+class ShownAsTable:
+    """Mixin for results that show themselves as their ``table()``: as aligned text in a
+    terminal and in ``repr``, as HTML in a notebook. (On a dataclass, pass ``repr=False``.)"""
+
+    def table(self) -> Table:
+        raise NotImplementedError
+
+    def text(self) -> str:
+        return self.table().text()
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        return self.table()._repr_html_()

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .fmt import Table, fmt_ratio
+from .fmt import ShownAsTable, Table, fmt_ratio
 
 __all__ = ["compare_times", "interleaved_rounds", "TimeComparison", "fmt_in_unit",
            "UNITS"]
@@ -78,8 +78,8 @@ def _sync_function(sync):  # shared with helpers.throughput
     raise ValueError(f"sync: unknown device {text!r}; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
 
 
-@dataclass(frozen=True)
-class TimeComparison:
+@dataclass(frozen=True, repr=False)
+class TimeComparison(ShownAsTable):
     """Per-call times of workloads measured side by side (see :func:`compare_times`).
 
     ``samples[name]`` holds one per-call time per round (seconds); ``best_seconds`` the
@@ -123,15 +123,6 @@ class TimeComparison:
                  f"{'s' if self.number > 1 else ''} each")
         header = f"time per call (speed-up over {self.baseline})"
         return Table(["workload", header], rows, title=title)
-
-    def text(self) -> str:
-        return self.table().text()
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_html_(self) -> str:
-        return self.table()._repr_html_()
 
     def to_dict(self) -> dict:
         return {"baseline": self.baseline, "rounds": self.rounds, "number": self.number,

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .allocator import ExactAllocator, SimulatedOOM
 
-__all__ = ["Engine", "Recorder", "tensors_in", "optimizer_state_tensors"]
+__all__ = ["Engine", "Recorder", "tensors_in", "optimizer_state_tensors", "unique_params"]
 
 # a storage keeps the strongest label it was given
 _RANK = {"temporaries": 0, "activations": 1, "other": 2, "inputs": 3, "optimizer_state": 4,
@@ -87,6 +87,20 @@ def optimizer_state_tensors(optimizer) -> list[torch.Tensor]:
     out = []
     for state in optimizer.state.values():
         out.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+    return out
+
+
+def unique_params(model, optimizers) -> list:
+    """The model's parameters, then any others the optimizers hold, each once, in order."""
+    seen, out = set(), []
+    sources = [] if model is None else list(model.parameters())
+    for opt in optimizers:
+        for group in opt.param_groups:
+            sources.extend(group["params"])
+    for p in sources:
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
     return out
 
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from . import state
-from .engine import Engine, Recorder, optimizer_state_tensors, tensors_in
+from .engine import Engine, Recorder, optimizer_state_tensors, tensors_in, unique_params
 from .report import CATEGORIES, PHASES, CudaStats, MemoryReport, StepMemory, Timeline
 
 __all__ = ["measure_step"]
@@ -120,7 +120,7 @@ def measure_step(step, *, model=None, optimizer=None, inputs=None, steps: int = 
     try:
         for rec in list(engine.live.values()):
             rec.label = "other"
-        params = _params(model, optimizers)
+        params = unique_params(model, optimizers)
         engine.adopt(params, "parameters")
         if model is not None:
             engine.adopt(list(model.buffers()), "parameters")
@@ -165,19 +165,6 @@ def _optimizers(optimizer) -> list:
                 f"{type(opt).__name__}"
             )
     return opts
-
-
-def _params(model, optimizers) -> list:
-    seen, out = set(), []
-    sources = [] if model is None else list(model.parameters())
-    for opt in optimizers:
-        for group in opt.param_groups:
-            sources.extend(group["params"])
-    for p in sources:
-        if id(p) not in seen:
-            seen.add(id(p))
-            out.append(p)
-    return out
 
 
 def _cuda_start(dev):
