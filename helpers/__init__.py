@@ -116,8 +116,7 @@ _EXPORTS = {
 _SUBMODULES = {
     "amp", "batch_size", "build", "checkpoint", "data", "device", "environment", "exercises",
     "fmt", "gauge", "instructor", "keras_amp", "launch", "liveplot", "memory", "models", "nvml",
-    "oom",
-    "progress", "recorded", "runtime", "throughput", "timing",
+    "oom", "progress", "recorded", "runtime", "throughput", "timing", "validate",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

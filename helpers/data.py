@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .validate import positive_int
+
 __all__ = ["classification_data", "image_data", "torch_dataset", "torch_loader"]
-
-
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def _seed(seed) -> int:
@@ -35,9 +31,9 @@ def classification_data(
     Returns:
         ``(x, y)``: float32 array ``(n_samples, n_features)`` and int64 labels ``(n_samples,)``.
     """
-    n_samples = _positive_int(n_samples, "n_samples")
-    n_features = _positive_int(n_features, "n_features")
-    n_classes = _positive_int(n_classes, "n_classes")
+    n_samples = positive_int(n_samples, "n_samples")
+    n_features = positive_int(n_features, "n_features")
+    n_classes = positive_int(n_classes, "n_classes")
     if n_classes < 2:
         raise ValueError(f"n_classes must be at least 2, got {n_classes}")
     if not isinstance(noise, (int, float)) or noise < 0:
@@ -59,10 +55,10 @@ def image_data(
         ``(x, y)``: float32 images ``(N, C, H, W)`` (or ``(N, H, W, C)`` with
         ``channels_last=True``, TensorFlow's layout) and int64 labels.
     """
-    n_samples = _positive_int(n_samples, "n_samples")
-    channels = _positive_int(channels, "channels")
-    size = _positive_int(size, "size")
-    n_classes = _positive_int(n_classes, "n_classes")
+    n_samples = positive_int(n_samples, "n_samples")
+    channels = positive_int(channels, "channels")
+    size = positive_int(size, "size")
+    n_classes = positive_int(n_classes, "n_classes")
     rng = np.random.default_rng(_seed(seed))
     y = rng.integers(0, n_classes, size=n_samples)
     grid = np.linspace(0.0, 2.0 * np.pi, size, dtype=np.float32)
@@ -93,7 +89,7 @@ def torch_loader(x, y, batch_size: int = 64, *, shuffle: bool = True, seed: int 
     import torch
     from torch.utils.data import DataLoader
 
-    batch_size = _positive_int(batch_size, "batch_size")
+    batch_size = positive_int(batch_size, "batch_size")
     generator = torch.Generator().manual_seed(_seed(seed))
     return DataLoader(
         torch_dataset(x, y), batch_size=batch_size, shuffle=shuffle, generator=generator,

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import numbers
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from torch import nn
 from .fmt import Table, fmt_bytes
 from .memory.capacity import parse_capacity, resolve_capacity
 from .models import ResNet
+from .validate import positive_int
 
 __all__ = [
     "LargeResNet", "SyntheticImages", "TrainingCheck", "check_training", "count_flops",
@@ -85,10 +85,10 @@ class SyntheticImages(torch.utils.data.Dataset):
 
     def __init__(self, n_samples: int = 1024, *, size: int = 224, n_classes: int = 1000,
                  channels: int = 3, seed: int = 0):
-        self.n_samples = _positive_int(n_samples, "n_samples")
-        self.size = _positive_int(size, "size")
-        self.n_classes = _positive_int(n_classes, "n_classes")
-        self.channels = _positive_int(channels, "channels")
+        self.n_samples = positive_int(n_samples, "n_samples")
+        self.size = positive_int(size, "size")
+        self.n_classes = positive_int(n_classes, "n_classes")
+        self.channels = positive_int(channels, "channels")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {seed!r}")
         self.seed = seed
@@ -128,12 +128,6 @@ def original_step(model, optimizer):
 
 
 # --------------------------------------------------------------------------- validation
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-    return int(value)
-
-
 def _factory(value, name: str, default):
     if value is None:
         return default
@@ -370,8 +364,8 @@ def check_training(make_step: Callable, *, batch_size: int = 256, model=None, op
         a :class:`TrainingCheck` (shows itself as a small table in notebooks).
     """
     _check_make_step(make_step)
-    batch_size = _positive_int(batch_size, "batch_size")
-    small_steps = _positive_int(small_steps, "small_steps")
+    batch_size = positive_int(batch_size, "batch_size")
+    small_steps = positive_int(small_steps, "small_steps")
     model_factory = _factory(model, "model", LargeResNet)
     opt_factory = _factory(optimizer, "optimizer", torch.optim.Adam)
     card, capacity = resolve_capacity(gpu)
@@ -524,8 +518,8 @@ def count_flops(make_step: Callable, *, batch_size: int = 256, model=None, optim
     from .memory.virtual import full_scale
 
     _check_make_step(make_step)
-    batch_size = _positive_int(batch_size, "batch_size")
-    image_size = _positive_int(image_size, "image_size")
+    batch_size = positive_int(batch_size, "batch_size")
+    image_size = positive_int(image_size, "image_size")
     model_factory = _factory(model, "model", LargeResNet)
     opt_factory = _factory(optimizer, "optimizer", torch.optim.Adam)
     fs = full_scale()

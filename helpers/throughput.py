@@ -39,6 +39,7 @@ import numpy as np
 from .fmt import Table, fmt_rate, fmt_ratio
 from .runtime import headless, in_kernel
 from .timing import _sync_function, interleaved_rounds
+from .validate import positive_int
 
 __all__ = [
     "SlowDataset", "StepTimer", "StepTimes", "compare", "Comparison", "RungResult",
@@ -48,12 +49,6 @@ __all__ = [
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "tests" / "gpu" / "results"
 RESULTS_NAME = "09_throughput"
 _WAIT_COLOUR, _COMPUTE_COLOUR, _UTIL_COLOUR = "#E69F00", "#0072B2", "#009E73"
-
-
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def _non_negative(value, name: str) -> float:
@@ -504,7 +499,7 @@ def compare(runs: Mapping[str, Callable[[], int]], *, rounds: int = 2,
     for name, fn in runs.items():
         if not isinstance(name, str) or not callable(fn):
             raise TypeError(f"runs must map names (str) to functions, got {name!r}: {fn!r}")
-    rounds = _positive_int(rounds, "rounds")
+    rounds = positive_int(rounds, "rounds")
     skipped, notes = dict(skipped or {}), dict(notes or {})
     for what, mapping in (("skipped", skipped), ("notes", notes)):
         for name, reason in mapping.items():

@@ -196,7 +196,7 @@ def test_synthetic_images():
 
 # ------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(batch_size=0), ValueError, "batch_size must be a whole number"),
+    (dict(batch_size=0), ValueError, "batch_size must be a positive integer"),
     (dict(batch_size=True), ValueError, "batch_size"),
     (dict(batch_size="32"), ValueError, "batch_size"),
     (dict(small_steps=0), ValueError, "small_steps"),
