@@ -65,7 +65,8 @@ def test_stored_outputs_are_clean(path):
             blob = "".join(out.get("text", "")) + json.dumps(out.get("data", {}))
             if out.get("output_type") == "stream" and out.get("name") == "stderr":
                 assert not re.search(r"\w+Warning\b", blob), f"cell {i}: a warning in stderr"
-            assert "FutureWarning: " not in blob or out.get("name") == "stdout", f"cell {i}"
+            assert not re.search(r"(Future|Deprecation)Warning", blob), \
+                f"cell {i}: a deprecation warning in the output"
             assert not ABSOLUTE_PATH.search(blob), f"cell {i}: absolute path in output"
             if out.get("output_type") == "error":
                 assert "raises-exception" in tags, f"cell {i}: unexpected error stored"
