@@ -28,6 +28,7 @@ FAKE_SRUN = r"""#!/bin/bash
 # fake srun: record the arguments, then (FAKE_SRUN_MODE) do nothing, sleep, or run the
 # command once per node of the fake job, as srun --ntasks-per-node=1 would.
 printf '%s\n' "$@" > "$FAKE_SLURM_LOG/srun.args"
+printf 'CUDA_VISIBLE_DEVICES=%s\n' "${CUDA_VISIBLE_DEVICES-<unset>}" > "$FAKE_SLURM_LOG/srun.env"
 while [[ "${1:-}" == --* ]]; do shift; done
 case "${FAKE_SRUN_MODE:-record}" in
   record) exit 0 ;;
@@ -137,6 +138,16 @@ def test_slurm_ddp_requeues_when_the_time_limit_is_near(fake_slurm):
     assert job.returncode == 0  # waited for the job step to end after the trap
     assert "requeueing job 4242" in out
     assert "requeue 4242" in (fake_slurm.log / "scontrol.log").read_text().splitlines()
+
+
+@pytest.mark.parametrize("script", ["slurm_ddp.sbatch", "slurm_tf_multiworker.sbatch"])
+def test_script_children_see_no_gpu(fake_slurm, script):
+    """These tests check launching, resuming and SLURM logic, not GPUs: on a 1-GPU machine
+    two ranks would pick cuda:1 (invalid ordinal) or share cuda:0 (NCCL duplicate GPU), so
+    every child runs with CUDA_VISIBLE_DEVICES="" (tests/gpu covers the real NCCL path)."""
+    subprocess.run(["bash", f"scripts/{script}"], cwd=ROOT, check=True,
+                   env=fake_slurm(["gpu-a01", "gpu-a02"]))
+    assert (fake_slurm.log / "srun.env").read_text() == "CUDA_VISIBLE_DEVICES=\n"
 
 
 def test_slurm_tf_builds_the_worker_list(fake_slurm):
