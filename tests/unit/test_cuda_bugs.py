@@ -1,0 +1,70 @@
+"""CPU reproductions of bugs that only show on a CUDA machine (issue 14, section 1).
+
+Each test imitates the one fact of a GPU machine that triggers its bug: ``pick_device()``
+answering a non-CPU device (``meta`` stands in for ``cuda``), ``torch.cuda`` functions
+answering like a real GPU, a fake ``pynvml``.
+"""
+
+import contextlib
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint_sequential
+
+import helpers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def gpu_machine(monkeypatch):
+    """pick_device() answers a non-CPU device, as on a CUDA machine."""
+    monkeypatch.setattr("helpers.environment.pick_device",
+                        lambda *a, **k: torch.device("meta"))
+
+
+def _cell_defining(path: Path, first_line: str) -> str:
+    """The source of the code cell of notebook ``path`` that starts with ``first_line``."""
+    cells = json.loads(path.read_text())["cells"]
+    found = [
+        "".join(c["source"]) for c in cells
+        if c["cell_type"] == "code" and "".join(c["source"]).startswith(first_line)
+    ]
+    assert len(found) == 1, f"{path.name}: {len(found)} cells start with {first_line!r}"
+    return found[0]
+
+
+# --------------------------------------------------------------------------------- bug 1
+def test_lesson07_memory_of_full_scale_on_a_gpu_machine(gpu_machine):
+    """Lesson 07's memory_of(..., full_scale=True) must not mix fake cuda weights with a
+    cpu batch (FakeTensorDeviceMismatchError on every CUDA machine)."""
+    source = _cell_defining(ROOT / "solutions" / "07_mixed_precision.ipynb",
+                            "def amp_step(")
+    # the cell ends by measuring the lesson model on the real device: keep the definitions
+    source = source[: source.index("\nprecisions = ")]
+    namespace = {"torch": torch, "helpers": helpers, "contextlib": contextlib,
+                 "checkpoint_sequential": checkpoint_sequential,
+                 "criterion": nn.CrossEntropyLoss(), "device": torch.device("cuda")}
+    exec(compile(source, "07_mixed_precision.ipynb:memory_of", "exec"), namespace)
+    report = namespace["memory_of"](lambda: helpers.MLP(16, 32, 2, 10), (16,), 8,
+                                    torch.bfloat16, full_scale=True)
+    assert report.peak_bytes > 0
+
+
+def _load_amp_gpu():
+    spec = importlib.util.spec_from_file_location("amp_gpu", ROOT / "tests/gpu/test_amp_gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_amp_gpu_cpu_full_scale_prediction_on_a_gpu_machine(gpu_machine):
+    """tests/gpu/test_amp_gpu.py's _measure(..., device=None) (the CPU prediction stored
+    with every GPU row) must not mix fake cuda weights with a cpu batch."""
+    amp_gpu = _load_amp_gpu()
+    peak, allocator, cats = amp_gpu._measure("mlp-tiny", 8, "bf16", None)
+    assert peak > 0 and allocator is None and cats["parameters"] > 0
