@@ -136,7 +136,7 @@ def _measure(name, batch, precision, device):
     cleanup()
     cuda = device == "cuda"
     start = torch.cuda.memory_allocated() if cuda else 0
-    with helpers.full_scale() if device is None else contextlib.nullcontext():
+    with helpers.full_scale("cpu") if device is None else contextlib.nullcontext():
         model, opt, x, y, loss_fn = build(name, batch, device)
         step = train_step(model, opt, x, y, loss_fn, precision, scaler=False)
         report = helpers.measure_step(step, model=model, optimizer=opt, inputs=(x, y),
