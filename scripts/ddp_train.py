@@ -72,6 +72,12 @@ def setup_distributed():
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(helpers.launch.free_port()))
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
+        n_gpus = torch.cuda.device_count()
+        if local_rank >= n_gpus:  # else cuda:N is an invalid ordinal, or NCCL sees a duplicate
+            sys.exit(f"ddp_train.py: error: local rank {local_rank} needs GPU {local_rank}, but "
+                     f"this process sees {n_gpus} GPU(s): start at most {n_gpus} process(es) "
+                     f"per node (torchrun --nproc_per_node={n_gpus}), or run on the CPU over "
+                     f'gloo with CUDA_VISIBLE_DEVICES=""')
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)

@@ -8,8 +8,15 @@ Every worker runs this script with the same list of workers and its own index:
 Under SLURM, scripts/slurm_tf_multiworker.sbatch passes --workers and the index defaults
 to SLURM_PROCID. If TF_CONFIG is already set and --workers is not given, it is used as is;
 with neither, the script runs as a cluster of one worker. Each worker uses all GPUs it
-sees (or its CPU). Keras 3's model.fit fails under MultiWorkerMirroredStrategy
-(keras-team/keras#20585), so this is a custom training loop, as in TensorFlow's tutorial.
+sees (or its CPU), so several workers on ONE machine must each get their own GPUs, or they
+share them (NCCL duplicate-GPU errors, or workers x GPUs replicas):
+
+    CUDA_VISIBLE_DEVICES=0 python scripts/tf_multiworker.py --workers ... --index 0 &
+    CUDA_VISIBLE_DEVICES=1 python scripts/tf_multiworker.py --workers ... --index 1
+
+(CUDA_VISIBLE_DEVICES="" for CPU-only workers; SLURM with one task per node needs nothing.)
+Keras 3's model.fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585), so
+this is a custom training loop, as in TensorFlow's tutorial.
 --checkpoint-dir saves every epoch with tf.train.CheckpointManager and resumes from it.
 """
 

@@ -23,6 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 SHELL_SCRIPTS = sorted(SCRIPTS.glob("*.sbatch")) + sorted(SCRIPTS.glob("*.sh"))
 PY_SCRIPTS = sorted(SCRIPTS.glob("*.py"))
+# Every child these tests start sees no GPU: they test launching, resuming and SLURM logic,
+# and on a 1-GPU machine two ranks would collide (tests/gpu/test_ddp_nccl_gpu.py runs NCCL).
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
 
 FAKE_SRUN = r"""#!/bin/bash
 # fake srun: record the arguments, then (FAKE_SRUN_MODE) do nothing, sleep, or run the
@@ -68,7 +71,7 @@ def fake_slurm(tmp_path):
             "FAKE_SLURM_LOG": str(log), "FAKE_HOSTS": ",".join(hosts),
             "SLURM_JOB_ID": "4242", "SLURM_NNODES": str(len(hosts)),
             "SLURM_JOB_NODELIST": "fake[01-02]", "SLURM_CPUS_PER_TASK": "2",
-            **extra,
+            **CPU_ONLY, **extra,
         }
 
     env.log = log
@@ -88,7 +91,7 @@ def test_shell_scripts_parse(path):
 @pytest.mark.parametrize("path", PY_SCRIPTS, ids=lambda p: p.name)
 def test_python_scripts_compile_and_have_help(path, tmp_path):
     py_compile.compile(str(path), cfile=str(tmp_path / "x.pyc"), doraise=True)
-    result = run_captured(["python", str(path), "--help"], timeout=120).check()
+    result = run_captured(["python", str(path), "--help"], env=CPU_ONLY, timeout=120).check()
     assert result.output.startswith("usage:")
 
 
@@ -103,7 +106,7 @@ def test_python_scripts_compile_and_have_help(path, tmp_path):
     ],
 )
 def test_scripts_reject_bad_arguments(script, args, message):
-    result = run_captured(["python", str(SCRIPTS / script), *args], timeout=120)
+    result = run_captured(["python", str(SCRIPTS / script), *args], env=CPU_ONLY, timeout=120)
     assert result.returncode != 0 and message in result.output
 
 
@@ -194,7 +197,7 @@ def test_ddp_train_saves_on_a_real_sigterm_and_resumes(tmp_path):
     cmd = [str(Path(sys.executable).with_name("torchrun")), "--standalone",
            "--nproc_per_node=2", str(SCRIPTS / "ddp_train.py"), "--epochs", "500",
            "--checkpoint", str(ckpt), "--summary", str(summary)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **CPU_ONLY}
     run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env=env, start_new_session=True)
     seen = []
@@ -213,11 +216,41 @@ def test_ddp_train_saves_on_a_real_sigterm_and_resumes(tmp_path):
     assert "SIGTERM after step" in output, output
     stopped = json.loads(summary.read_text())
     assert stopped["finished"] is False and stopped["stopped_by"] == "SIGTERM"
+    assert (stopped["device"], stopped["backend"]) == ("cpu", "gloo")
     assert "terminate called" not in output
 
     done = run_captured(["torchrun", "--standalone", "--nproc_per_node=2",
                          str(SCRIPTS / "ddp_train.py"), "--epochs", "2",
                          "--checkpoint", str(ckpt), "--summary", str(summary)],
-                        env={"OMP_NUM_THREADS": "1"}, timeout=240).check()
+                        env={"OMP_NUM_THREADS": "1", **CPU_ONLY}, timeout=240).check()
     assert "resumed from" in done.output or "nothing to do" in done.output
     assert json.loads(summary.read_text())["finished"] is True
+
+
+def _load_script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), SCRIPTS / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ddp_train_refuses_more_ranks_than_gpus(monkeypatch):
+    """Rank 1 on a 1-GPU node exits with what to do, before cuda:1 fails (CUDA simulated)."""
+    ddp_train = _load_script("ddp_train.py")
+    monkeypatch.setattr(ddp_train.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ddp_train.torch.cuda, "device_count", lambda: 1)
+
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("touched CUDA before checking the rank")
+
+    monkeypatch.setattr(ddp_train.torch.cuda, "set_device", no_cuda)
+    monkeypatch.setattr(ddp_train.dist, "init_process_group", no_cuda)
+    for key, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as exc:
+        ddp_train.setup_distributed()
+    message = str(exc.value.code)
+    assert "local rank 1 needs GPU 1" in message and "sees 1 GPU(s)" in message
+    assert "--nproc_per_node=1" in message
