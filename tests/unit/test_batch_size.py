@@ -273,6 +273,47 @@ def test_is_oom_error(exc, oom):
     assert is_oom_error(exc) is oom
 
 
+# Messages as torch 2.13 formats them: C10_CUDA_CHECK (raises torch.AcceleratorError),
+# TORCH_CUDABLAS_CHECK ("CUDA error: <cublas status> when calling `...`") and AT_CUDNN_CHECK
+# ("cuDNN error: <cudnnGetErrorString>"; cuDNN 9 returns the status names).
+_CUDA_HINT = ("\nCUDA kernel errors might be asynchronously reported at some other API call, "
+              "so the stacktrace below might be incorrect.\nFor debugging consider passing "
+              "CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side "
+              "assertions.\n")
+_GEMM = ("`cublasSgemm( handle, opa, opb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, "
+         "ldc)`")
+
+
+@pytest.mark.parametrize("message, oom", [
+    # out of memory, though not torch.OutOfMemoryError
+    ("CUDA error: out of memory" + _CUDA_HINT, True),
+    ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", True),
+    ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasLtMatmul( ltHandle, "
+     "computeDesc.descriptor(), &alpha_val, mat1_ptr, Adesc.descriptor(), ...)`", True),
+    ("cuDNN error: CUDNN_STATUS_ALLOC_FAILED", True),                          # cuDNN 8
+    ("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED", True),  # cuDNN 9
+    ("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED", True),
+    # broken installs, unsupported inputs, sticky errors: the search must stop on these
+    ("cuDNN error: CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH", False),
+    ("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a "
+     "non-contiguous input.", False),
+    ("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR", False),
+    ("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED", False),
+    ("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling " + _GEMM, False),
+    ("CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`", False),
+    ("CUDA error: an illegal memory access was encountered" + _CUDA_HINT, False),
+    ("CUDA error: device-side assert triggered" + _CUDA_HINT, False),
+    ("CUDA error: CUDA driver version is insufficient for CUDA runtime version"
+     + _CUDA_HINT, False),
+    ("CUDA error: no kernel image is available for execution on the device" + _CUDA_HINT,
+     False),
+])
+@pytest.mark.parametrize("cls", [RuntimeError, torch.AcceleratorError])
+def test_is_oom_error_knows_cuda_library_allocation_failures_and_only_those(message, oom,
+                                                                            cls):
+    assert is_oom_error(cls(message)) is oom
+
+
 def test_an_error_other_than_oom_stops_the_search_and_is_reraised():
     model, opt, step = mlp_task()
     saved = {k: v.clone() for k, v in model.state_dict().items()}
