@@ -27,12 +27,13 @@ misses, or where no prediction can be made (no memory statistics, no growth), th
 doubling and binary search, the method of PyTorch Lightning's ``scale_batch_size``.
 
 What counts as out of memory: ``torch.OutOfMemoryError`` (real CUDA, and the virtual GPU's,
-also in full-scale mode), PyTorch's other out-of-memory messages and TensorFlow's
-``ResourceExhaustedError`` (:func:`is_oom_error`).  Anything else stops the search and is
-re-raised.  Between trials the model and optimizer are restored to their state before the
-search, the error's traceback frames are released, garbage is collected and the (virtual or
-CUDA) allocator's cache is emptied, so each trial starts from the same memory and, afterwards,
-memory is back where it started.  Used by lesson 05.
+also in full-scale mode), PyTorch's other out-of-memory messages (cuBLAS and cuDNN allocation
+failures included) and TensorFlow's ``ResourceExhaustedError`` (:func:`is_oom_error`).
+Anything else stops the search and is re-raised.  Between trials the model and optimizer
+are restored to their state before the search, the error's traceback frames are released,
+garbage is collected and the (virtual or CUDA) allocator's cache is emptied, so each trial
+starts from the same memory and, afterwards, memory is back where it started.  Used by
+lesson 05.
 """
 
 from __future__ import annotations
@@ -52,11 +53,20 @@ from .fmt import Table, fmt_bytes, fmt_rate
 
 __all__ = ["find_batch_size", "BatchSizeResult", "Trial", "BatchSizeError", "is_oom_error"]
 
-# Messages of out-of-memory errors that are not (or not always) torch.OutOfMemoryError.
+# Messages of out-of-memory errors that are not (or not always) torch.OutOfMemoryError: the
+# CUDA runtime's (torch.AcceleratorError), and cuBLAS's and cuDNN's own allocation failures,
+# which do not go through the caching allocator ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when
+# calling ...", "cuDNN error: CUDNN_STATUS_ALLOC_FAILED" in cuDNN 8, the two
+# CUDNN_STATUS_INTERNAL_ERROR_*_ALLOCATION_FAILED statuses in cuDNN 9).  Only these: a
+# version mismatch, an unsupported input or a sticky CUDA error ("illegal memory access",
+# "device-side assert") is a broken run, and the batch-size search must stop on it.
 _OOM_MESSAGES = (
     "CUDA out of memory",
     "CUDA error: out of memory",
     "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",
+    "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
     "MPS backend out of memory",
     "XPU out of memory",
     "DefaultCPUAllocator: can't allocate memory",
@@ -81,7 +91,12 @@ class BatchSizeError(RuntimeError):
 
 
 def is_oom_error(exc: BaseException) -> bool:
-    """Is ``exc`` an out-of-memory error of PyTorch (CUDA, virtual GPU, ...) or TensorFlow?"""
+    """Is ``exc`` an out-of-memory error of PyTorch (CUDA, virtual GPU, ...) or TensorFlow?
+
+    True for ``torch.OutOfMemoryError``, TensorFlow's ``ResourceExhaustedError`` and a
+    ``RuntimeError`` (``torch.AcceleratorError`` included) whose message is one of CUDA's,
+    cuBLAS's or cuDNN's allocation failures; False for every other error.
+    """
     if not isinstance(exc, BaseException):
         raise TypeError(f"exc must be an exception, got {type(exc).__name__}")
     torch = sys.modules.get("torch")
