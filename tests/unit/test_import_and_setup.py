@@ -25,7 +25,7 @@ def test_lazy_attribute_errors_name_the_attribute():
         helpers.no_such_thing  # noqa: B018
 
 
-def test_setup_seeds_everything_repeatably():
+def test_setup_seeds_everything_repeatably(torch_flags):
     import torch
 
     setup(seed=123)
@@ -35,7 +35,21 @@ def test_setup_seeds_everything_repeatably():
     assert a == b
 
 
-def test_setup_reports_and_sets_safe_flags():
+@pytest.fixture
+def torch_flags(monkeypatch):
+    """Restore torch's global determinism flags and CUBLAS_WORKSPACE_CONFIG after a test."""
+    import torch
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    saved = (torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+    yield torch
+    torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[2:]
+
+
+def test_setup_reports_and_sets_safe_flags(torch_flags):
     import torch
 
     report = setup(seed=0)
@@ -54,11 +68,60 @@ def test_setup_rejects_bad_seeds(seed):
         setup(seed=seed)
 
 
+def test_deterministic_mode_sets_cublas_config_and_says_so(torch_flags):
+    torch = torch_flags
+    report = setup(seed=0, deterministic=True)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert torch.are_deterministic_algorithms_enabled()
+    assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    assert ("torch: deterministic algorithms on (warn_only), cuDNN benchmark off, "
+            "CUBLAS_WORKSPACE_CONFIG=:4096:8") in report.text()
+
+
+def test_fast_mode_sets_no_cublas_config_and_turns_determinism_off(torch_flags):
+    torch = torch_flags
+    torch.use_deterministic_algorithms(True, warn_only=True)  # as an earlier setup() left it
+    torch.backends.cudnn.deterministic = True
+    report = setup(seed=0, deterministic=False)
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert not torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    text = report.text()
+    assert ("torch: deterministic algorithms off, cuDNN benchmark off, "
+            "CUBLAS_WORKSPACE_CONFIG not set") in text
+    assert "4096" not in text
+
+
+def test_fast_mode_undoes_the_cublas_config_an_earlier_setup_set(torch_flags):
+    setup(seed=0, deterministic=True)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    setup(seed=0, deterministic=False)
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+
+
+def test_fast_mode_leaves_a_users_cublas_config_alone_and_says_so(torch_flags, monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    report = setup(seed=0, deterministic=False)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    assert "CUBLAS_WORKSPACE_CONFIG=:16:8 (set outside helpers, left as is)" in report.text()
+
+
+def test_benchmark_mode_is_for_fixed_shapes_and_not_deterministic(torch_flags):
+    torch = torch_flags
+    report = setup(seed=0, deterministic=False, benchmark=True)
+    assert torch.backends.cudnn.benchmark
+    assert "cuDNN benchmark on" in report.text()
+    with pytest.raises(ValueError, match="benchmark=True.*deterministic=False"):
+        setup(seed=0, benchmark=True)
+
+
 def test_setup_rejects_bad_flags():
     with pytest.raises(TypeError, match="tensorflow"):
         setup(tensorflow="yes")
     with pytest.raises(TypeError, match="deterministic"):
         setup(deterministic=1)
+    with pytest.raises(TypeError, match="benchmark"):
+        setup(deterministic=False, benchmark="yes")
 
 
 def test_setup_with_tensorflow_is_quiet_and_seeded():
