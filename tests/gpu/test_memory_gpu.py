@@ -51,7 +51,12 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
 MODELS = {"mlp": (4096, True), "transformer": (32, True), "cnn": (256, False),
           "resnet18": (64, False)}
 PEAK_TOLERANCE = 0.05
-OOM_CAPACITY = "2 GiB"
+# The out-of-memory comparison means something only if the limit lies strictly inside the
+# grid: at 2 GiB the MLP's largest grid batch (16384) needs ~620 MiB, so both searches
+# answered 16384 and "agreed" without ever running out of memory. At 256 MiB the virtual GPU
+# finds 4608 (printed by the --selftest-cpu run); the checks assert the limit is inside.
+OOM_CAPACITY = "256 MiB"
+OOM_GRID = tuple(range(64, 16384 + 1, 64))
 
 
 def build(name: str, batch: int, device: str):
@@ -176,15 +181,30 @@ def largest_batch(fits, grid: list[int]) -> int:
     return grid[lo] if lo >= 0 else 0
 
 
-def oom_check(name: str = "mlp", capacity=OOM_CAPACITY, real_fits=fits_real) -> dict:
+def oom_check(name: str = "mlp", capacity=OOM_CAPACITY, real_fits=fits_real,
+              grid=OOM_GRID) -> dict:
     cap = helpers.parse_capacity(capacity)
-    grid = list(range(64, 16384 + 1, 64))
+    grid = list(grid)
     virtual = largest_batch(lambda b: fits_virtual(name, b, cap), grid)
     real = largest_batch(lambda b: real_fits(name, b, cap), grid)
     step = grid[1] - grid[0]
     return {"model": name, "capacity_bytes": cap, "grid_step": step,
+            "grid_first": grid[0], "grid_last": grid[-1],
             "virtual_max_batch": virtual, "real_max_batch": real,
             "same_or_adjacent": abs(virtual - real) <= step}
+
+
+def limit_inside_grid(oom: dict) -> list[str]:
+    """What is wrong with an oom_check result whose limits are not strictly inside the grid.
+
+    A limit on the grid's last point means nothing ran out of memory (the check cannot fail);
+    one on the first point (or 0) means the capacity is too small to compare anything.
+    """
+    first, last = oom["grid_first"], oom["grid_last"]
+    return [f"{key} {oom[key]} is not strictly inside the grid {first}..{last}: change "
+            f"OOM_CAPACITY ({oom['capacity_bytes']} bytes) or OOM_GRID"
+            for key in ("virtual_max_batch", "real_max_batch")
+            if not first < oom[key] < last]
 
 
 def hardware() -> dict:
@@ -250,7 +270,11 @@ def test_predicted_peak_matches_the_gpu(gpu_results, name):
 
 @requires_cuda
 def test_oom_batch_size_matches_the_gpu(gpu_results):
-    assert gpu_results["oom"]["same_or_adjacent"], gpu_results["oom"]
+    oom = gpu_results["oom"]
+    first, last = oom["grid_first"], oom["grid_last"]  # on the last point it could not fail
+    assert first < oom["real_max_batch"] < last, limit_inside_grid(oom)
+    assert first < oom["virtual_max_batch"] < last, limit_inside_grid(oom)
+    assert oom["same_or_adjacent"], oom
 
 
 def test_skips_without_a_gpu_with_the_reason():
@@ -278,14 +302,17 @@ def _selftest_cpu() -> dict:
             return _two_steps_fit(name, batch, "cpu")
 
     return {"peaks": [peak_check("cnn", cpu_measure)],
-            "oom": oom_check("mlp", "256 MiB", real_fits=cpu_fits)}
+            "oom": oom_check("mlp", OOM_CAPACITY, real_fits=cpu_fits)}  # the GPU's cap, grid
 
 
 def main(argv: list[str]) -> int:
     if "--selftest-cpu" in argv:
         out = _selftest_cpu()
         print(json.dumps(out, indent=2))
-        ok = out["oom"]["same_or_adjacent"] and out["peaks"][0]["relative_error"] < 0.05
+        problems = limit_inside_grid(out["oom"])
+        print(*problems, sep="\n")
+        ok = (not problems and out["oom"]["same_or_adjacent"]
+              and out["peaks"][0]["relative_error"] < 0.05)
         return 0 if ok else 1
     if not torch.cuda.is_available():
         print(f"skipped: {NO_GPU}. Nothing was measured or written.")
@@ -293,8 +320,10 @@ def main(argv: list[str]) -> int:
     results = run_all(write=True)
     print(format_results(results))
     print(f"written: {RESULTS_DIR / 'memory.json'}")
+    problems = limit_inside_grid(results["oom"])
+    print(*problems, sep="\n")
     ok = all(p["within_target"] for p in results["peaks"] if p["activation_dominated"])
-    return 0 if ok and results["oom"]["same_or_adjacent"] else 1
+    return 0 if ok and not problems and results["oom"]["same_or_adjacent"] else 1
 
 
 if __name__ == "__main__":
