@@ -259,3 +259,126 @@ def test_bad_make_step_and_steps_are_explained():
 
 def test_the_result_type_is_exported():
     assert helpers.TrainingCheck is TrainingCheck
+
+
+# ------------------------------------------------------------------------- on a real CUDA GPU
+class _FakeCuda:
+    """torch.cuda of a 141 GiB GPU with a caching allocator: a freed block stays reserved
+    (cached) until empty_cache(). Records what the checker calls, in order."""
+
+    GiB = 2**30
+
+    def __init__(self, total=141 * GiB, outside=600 * 2**20):
+        self.total, self.outside = total, outside
+        self.live = self.cached = self.peak = 0
+        self.fraction = 1.0
+        self.events = []
+
+    def alloc(self, nbytes):
+        """A stand-in for tensors of ``nbytes``: freed (into the cache) when collected."""
+        import weakref
+
+        class Block:
+            pass
+
+        block = Block()
+        self.live += nbytes
+        self.peak = max(self.peak, self.live + self.cached)
+
+        def free():
+            self.live -= nbytes
+            self.cached += nbytes
+
+        weakref.finalize(block, free)
+        return block
+
+    def install(self, monkeypatch):
+        from types import SimpleNamespace
+
+        cuda = torch.cuda
+        reserved = lambda *a: self.live + self.cached  # noqa: E731
+        monkeypatch.setattr(cuda, "is_available", lambda: True)
+        monkeypatch.setattr(cuda, "get_device_properties",
+                            lambda *a: SimpleNamespace(total_memory=self.total,
+                                                       name="NVIDIA H200"))
+        monkeypatch.setattr(cuda, "get_device_name", lambda *a: "NVIDIA H200")
+        monkeypatch.setattr(cuda, "mem_get_info",
+                            lambda *a: (self.total - self.outside - reserved(), self.total))
+        monkeypatch.setattr(cuda, "memory_reserved", reserved)
+        monkeypatch.setattr(cuda, "max_memory_reserved", lambda *a: self.peak)
+
+        def reset_peak(*a):
+            self.peak = reserved()
+            self.events.append(("reset_peak", reserved()))
+
+        def empty_cache():
+            self.events.append(("empty_cache", self.cached))
+            self.cached = 0
+
+        def set_fraction(fraction, *a):
+            self.fraction = fraction
+
+        monkeypatch.setattr(cuda, "reset_peak_memory_stats", reset_peak)
+        monkeypatch.setattr(cuda, "empty_cache", empty_cache)
+        monkeypatch.setattr(cuda, "set_per_process_memory_fraction", set_fraction)
+
+
+_WEIGHTS, _FAILED_ACTIVATIONS, _RUN = 1 * 2**30, 40 * 2**30, 60 * 2**30
+
+
+@pytest.fixture
+def real_gpu(monkeypatch):
+    """check_training on a (simulated) H200: the runs are stubbed, torch.cuda answers."""
+    import helpers.oom as oom
+
+    gpu = _FakeCuda()
+    gpu.install(monkeypatch)
+    gpu.error = None
+
+    def build(model_factory, opt_factory, device, **kwargs):
+        return gpu.alloc(_WEIGHTS), object()
+
+    def run_steps(make_step, net, opt, **kwargs):
+        gpu.events.append(("run", gpu.fraction))
+        if gpu.fraction < 1:   # capped to the L40S: fails part-way, as a real run would
+            activations = gpu.alloc(_FAILED_ACTIVATIONS)  # noqa: F841 (held by the traceback)
+            raise gpu.error
+        activations = gpu.alloc(_RUN)
+        del activations
+        return oom._Run(calls=2, updates=2, micro_batch=256, samples=512, losses=[2.3, 2.3])
+
+    monkeypatch.setattr(oom, "_build", build)
+    monkeypatch.setattr(oom, "_run_steps", run_steps)
+    monkeypatch.setattr(oom, "_small_scale", lambda *a, **k: oom._Run(
+        calls=3, updates=3, micro_batch=256, samples=768, losses=[2.3, 2.3, 2.3]))
+    return gpu
+
+
+_OOM = "CUDA out of memory. Tried to allocate 196.00 MiB. GPU 0 has a total capacity of ..."
+_CUBLAS = "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+
+
+@pytest.mark.parametrize("error, shown", [
+    (torch.OutOfMemoryError(_OOM), "torch.OutOfMemoryError (tried to allocate 196.00 MiB)"),
+    (RuntimeError(_CUBLAS), "CUBLAS_STATUS_ALLOC_FAILED"),
+    (torch.AcceleratorError("CUDA error: out of memory"), "CUDA error: out of memory"),
+])
+def test_on_a_cuda_gpu_the_uncapped_retry_starts_from_released_memory(real_gpu, error, shown):
+    real_gpu.error = error
+    result = helpers.check_training(plain, batch_size=256, gpu="L40S", device="cuda")
+    assert not result.fits and f"does not fit on the L40S: {shown};" in result.text()
+    assert result.source.startswith("NVIDIA H200, real allocator capped to the L40S's")
+    runs = [i for i, e in enumerate(real_gpu.events) if e[0] == "run"]
+    assert [real_gpu.events[i][1] < 1 for i in runs] == [True, False]
+    # the failed run's weights and activations were given back before the uncapped run ...
+    between = real_gpu.events[runs[0]:runs[1]]
+    assert ("empty_cache", _WEIGHTS + _FAILED_ACTIVATIONS) in between
+    assert between[-1] == ("reset_peak", 0)
+    # ... so what it needs is the uncapped run's peak, not that plus the failed run's cache
+    assert result.needed_bytes == real_gpu.outside + _WEIGHTS + _RUN
+
+
+def test_on_a_cuda_gpu_an_error_other_than_oom_is_raised(real_gpu):
+    real_gpu.error = RuntimeError("cuDNN error: CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH")
+    with pytest.raises(RuntimeError, match="SUBLIBRARY_VERSION_MISMATCH"):
+        helpers.check_training(plain, batch_size=256, gpu="L40S", device="cuda")
