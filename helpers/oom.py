@@ -29,12 +29,14 @@ import contextlib
 import gc
 import math
 import re
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from .batch_size import is_oom_error
 from .fmt import Table, fmt_bytes
 from .memory.capacity import parse_capacity, resolve_capacity
 from .models import ResNet
@@ -241,11 +243,17 @@ def _build(model_factory, opt_factory, device, **kwargs):
 
 _TRIED = re.compile(r"Tried to allocate ([\d.]+ \w+)")
 _WHERE = re.compile(r"raised ([^\]]*?)\.\]")
+_LIBRARY_STATUS = re.compile(r"\bCU(?:BLAS|DNN)_STATUS_\w+")
 
 
 def _short_oom(message: str) -> str:
     tried = _TRIED.search(message)
     where = _WHERE.search(message)
+    status = _LIBRARY_STATUS.search(message)
+    if status:  # cuBLAS's or cuDNN's own allocation failed
+        return status.group(0)
+    if message.startswith("CUDA error: out of memory"):
+        return "CUDA error: out of memory"
     parts = ["torch.OutOfMemoryError"]
     if where:
         parts.append(where.group(1).split(" by ")[0])
@@ -481,14 +489,28 @@ def _full_scale_cuda(make_step, *, device, batch_size, model_factory, opt_factor
     oom = None
     try:
         run, peak = attempt(budget / total)
-    except torch.OutOfMemoryError as exc:
+    except Exception as exc:  # cuBLAS/cuDNN allocation failures are not OutOfMemoryError
+        if not is_oom_error(exc):
+            raise
         oom = str(exc)
+        traceback.clear_frames(exc.__traceback__)  # they hold the failed run's tensors
     if oom is None:
         return dict(source=source, fits=True, oom=None, needed_bytes=None, peak_bytes=peak,
                     losses=run.losses, **_counts(run))
+    # Outside the except block, the failed run's frames (its model, optimizer state and
+    # activations, held by the traceback) are gone: give their cached blocks back, or the
+    # uncapped run's reserved peak would start above them and inflate what the step needs.
+    gc.collect()
+    torch.cuda.empty_cache()
+    oom_in_uncapped = False
     try:
         run, needed = attempt(1.0)
-    except torch.OutOfMemoryError:
+    except Exception as exc:
+        if not is_oom_error(exc):
+            raise
+        oom_in_uncapped = True
+        traceback.clear_frames(exc.__traceback__)
+    if oom_in_uncapped:
         return dict(source=source, fits=False, oom=oom, needed_bytes=None, peak_bytes=None,
                     micro_batch=batch_size, effective_batch=batch_size, updates=0)
     return dict(source=source, fits=False, oom=oom, needed_bytes=needed, peak_bytes=None,
