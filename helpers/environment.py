@@ -1,6 +1,7 @@
 """One call at the top of every lesson: seeds, deterministic flags, quiet TensorFlow.
 
-Used by the Setup cell of every notebook (``helpers.setup(seed=0)``).
+Used by the Setup cell of every notebook: ``helpers.setup(seed=0)`` where results must repeat
+exactly, ``helpers.setup(seed=0, deterministic=False)`` where a lesson times GPU work.
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ TF_ENV = {
     "TF_CPU_ALLOCATOR_USE_BFC": "true",
 }
 
-# cuBLAS needs a fixed workspace to be deterministic; harmless on CPU builds.
+# cuBLAS needs a fixed workspace to be deterministic. Set only in deterministic mode: it
+# changes cuBLAS's workspace (and so memory and speed) for every matmul in the process.
 CUBLAS_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+# the CUBLAS_ENV values setup() itself put into os.environ (so deterministic=False can undo them
+# without touching a value the user set)
+_SET_BY_SETUP: dict[str, str] = {}
 
 
 def quiet_tensorflow_env() -> dict[str, str]:
@@ -44,6 +49,7 @@ class SetupReport:
 
     seed: int
     deterministic: bool
+    benchmark: bool = False
     seeded: list[str] = field(default_factory=list)
     settings: dict[str, str] = field(default_factory=dict)
 
@@ -51,8 +57,8 @@ class SetupReport:
         s = self.settings
         lines = [f"seed {self.seed} for: {', '.join(self.seeded)}"]
         if "torch deterministic algorithms" in s:
-            lines.append(f"torch: deterministic algorithms {s['torch deterministic algorithms']},"
-                         f" CUBLAS_WORKSPACE_CONFIG={s['CUBLAS_WORKSPACE_CONFIG']}")
+            lines.append(f"torch: deterministic algorithms {s['torch deterministic algorithms']}"
+                         f", cuDNN benchmark {s['cuDNN benchmark']}, {s['cuBLAS']}")
         tf_line = (f"TensorFlow: quiet start (TF_CPP_MIN_LOG_LEVEL={s['TF_CPP_MIN_LOG_LEVEL']}, "
                    f"TF_ENABLE_ONEDNN_OPTS={s['TF_ENABLE_ONEDNN_OPTS']}), GPU memory grows "
                    f"on demand (TF_FORCE_GPU_ALLOW_GROWTH={s['TF_FORCE_GPU_ALLOW_GROWTH']}), "
@@ -67,14 +73,34 @@ class SetupReport:
         return self.text()
 
 
-def setup(seed: int = 0, *, deterministic: bool = True, tensorflow: bool | None = None):
-    """Seed every framework in use and make runs repeatable without crashing on a GPU.
+def setup(seed: int = 0, *, deterministic: bool = True, benchmark: bool = False,
+          tensorflow: bool | None = None):
+    """Seed every framework in use and choose between repeatable and fast GPU kernels.
+
+    Deterministic mode (the default) makes reruns give the same numbers, which lessons 02 and
+    03 rely on. On a GPU it costs speed: torch picks deterministic (often slower) kernels,
+    cuDNN does not search for the fastest convolution algorithm, cuBLAS runs with a fixed
+    workspace (``CUBLAS_WORKSPACE_CONFIG``), and ops without a deterministic CUDA kernel (the
+    backward of ``adaptive_avg_pool2d``, in every ResNet) print a warning. Timed lessons call
+    ``setup(seed=0, deterministic=False)``: they measure the kernels a real training run uses.
 
     Args:
         seed: non-negative integer seed for Python, NumPy, torch and (if used) TensorFlow.
-        deterministic: ask torch for deterministic algorithms with ``warn_only=True`` (a
-            non-deterministic CUDA kernel warns instead of raising) and turn off cuDNN
-            benchmarking.
+        deterministic: True: ask torch for deterministic algorithms with ``warn_only=True``
+            (a non-deterministic CUDA kernel warns instead of raising), cuDNN deterministic
+            and not benchmarking, and set ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (unless already
+            set), which cuBLAS needs to be deterministic. False: turn all of that off again,
+            and leave ``CUBLAS_WORKSPACE_CONFIG`` unset (removing it if an earlier ``setup``
+            call set it; a value set outside helpers stays, and the report says so). torch
+            sizes cuBLAS's workspace at the first GPU matmul, so choose the mode before that.
+        benchmark: ``torch.backends.cudnn.benchmark`` when not deterministic. Off by
+            default, even for timing: benchmark mode times several convolution algorithms
+            on the first call at each new input shape, so that call is slow and its memory
+            peak includes the trial algorithms' workspaces. The kit's lessons vary batch
+            sizes and measure peaks, so they leave it off. Turn it on
+            (``deterministic=False, benchmark=True``) for long runs at fixed shapes, as a
+            performance engineer would; ``benchmark=True`` with ``deterministic=True`` is a
+            ValueError (the chosen algorithm depends on timings).
         tensorflow: ``True`` imports and configures TensorFlow now; ``None`` (default)
             configures it only if it is already imported; ``False`` leaves it alone. Its
             environment variables are set in every case, so a later ``import tensorflow`` is
@@ -89,14 +115,17 @@ def setup(seed: int = 0, *, deterministic: bool = True, tensorflow: bool | None 
         raise ValueError(f"seed must be between 0 and 2**32 - 1, got {seed}")
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be True or False, got {deterministic!r}")
+    if not isinstance(benchmark, bool):
+        raise TypeError(f"benchmark must be True or False, got {benchmark!r}")
+    if benchmark and deterministic:
+        raise ValueError("benchmark=True picks cuDNN algorithms by timing them, which is not "
+                         "repeatable; use it with deterministic=False")
     if tensorflow not in (True, False, None):
         raise TypeError(f"tensorflow must be True, False or None, got {tensorflow!r}")
 
-    report = SetupReport(seed=seed, deterministic=deterministic)
+    report = SetupReport(seed=seed, deterministic=deterministic, benchmark=benchmark)
     report.settings.update(quiet_tensorflow_env())
-    for key, value in CUBLAS_ENV.items():
-        os.environ.setdefault(key, value)
-        report.settings[key] = os.environ[key]
+    report.settings["cuBLAS"] = _cublas_env(deterministic)
 
     random.seed(seed)
     report.seeded.append("python")
@@ -117,9 +146,13 @@ def setup(seed: int = 0, *, deterministic: bool = True, tensorflow: bool | None 
         report.seeded.append("torch")
         if deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
-            torch.backends.cudnn.benchmark = False
-            torch.backends.cudnn.deterministic = True
-            report.settings["torch deterministic algorithms"] = "on (warn_only)"
+        else:
+            torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = deterministic
+        torch.backends.cudnn.benchmark = benchmark
+        report.settings["torch deterministic algorithms"] = (
+            "on (warn_only)" if deterministic else "off")
+        report.settings["cuDNN benchmark"] = "on" if benchmark else "off"
 
     use_tf = tensorflow if tensorflow is not None else "tensorflow" in sys.modules
     if use_tf:
@@ -134,6 +167,23 @@ def setup(seed: int = 0, *, deterministic: bool = True, tensorflow: bool | None 
             grown = _tf_memory_growth(tf)
             report.settings["tensorflow GPU memory"] = grown
     return report
+
+
+def _cublas_env(deterministic: bool) -> str:
+    """Set (or undo) ``CUBLAS_WORKSPACE_CONFIG`` for the mode; returns the report's words."""
+    (key, value), = CUBLAS_ENV.items()
+    current = os.environ.get(key)
+    if deterministic:
+        if current is None:
+            os.environ[key] = _SET_BY_SETUP[key] = value
+        return f"{key}={os.environ[key]}"
+    if current is not None and _SET_BY_SETUP.get(key) == current:
+        del os.environ[key]  # an earlier setup(deterministic=True) set it
+        current = None
+    _SET_BY_SETUP.pop(key, None)
+    if current is None:
+        return f"{key} not set"
+    return f"{key}={current} (set outside helpers, left as is)"
 
 
 def _tf_memory_growth(tf) -> str:

@@ -38,7 +38,7 @@ import numpy as np
 
 from .fmt import Table, fmt_rate, fmt_ratio
 from .runtime import headless, in_kernel
-from .timing import _sync_function, interleaved_rounds
+from .timing import interleaved_rounds, sync_function
 from .validate import positive_int
 
 __all__ = [
@@ -202,7 +202,7 @@ class StepTimer:
 
     def __init__(self, sync=None, *, gpu_util=None, show: bool = True,
                  min_interval: float = 0.25):
-        self._sync = _sync_function(sync)
+        self._sync = sync_function(sync)
         if not isinstance(show, bool):
             raise TypeError(f"show must be True or False, got {show!r}")
         if _non_negative(min_interval, "min_interval") < 0.1:
@@ -477,7 +477,7 @@ class Comparison:
 
 def compare(runs: Mapping[str, Callable[[], int]], *, rounds: int = 2,
             skipped: Mapping[str, str] | None = None,
-            notes: Mapping[str, str] | None = None) -> Comparison:
+            notes: Mapping[str, str] | None = None, sync=None) -> Comparison:
     """Time workloads side by side in one process (lesson 09).
 
     Every round runs each workload once, in order; the best (shortest) round of each counts,
@@ -490,6 +490,10 @@ def compare(runs: Mapping[str, Callable[[], int]], *, rounds: int = 2,
         rounds: how many times to run each (>= 1).
         skipped: name -> reason, for rungs that cannot run here (shown in the table).
         notes: name -> a short note shown next to a rung's figures.
+        sync: the device the runs use (``sync=device``), or a function: each run is timed
+            from a synchronised start to a clock read taken only after the device finished
+            its work (see :func:`helpers.timing.sync_function`). Without it, GPU work that
+            a run only queued is not counted in its time but in the next run's.
 
     Returns:
         A :class:`Comparison`: ``.rate(name)``, ``.speedup(name)``, ``.table()``.
@@ -500,6 +504,7 @@ def compare(runs: Mapping[str, Callable[[], int]], *, rounds: int = 2,
         if not isinstance(name, str) or not callable(fn):
             raise TypeError(f"runs must map names (str) to functions, got {name!r}: {fn!r}")
     rounds = positive_int(rounds, "rounds")
+    wait = sync_function(sync)
     skipped, notes = dict(skipped or {}), dict(notes or {})
     for what, mapping in (("skipped", skipped), ("notes", notes)):
         for name, reason in mapping.items():
@@ -508,7 +513,7 @@ def compare(runs: Mapping[str, Callable[[], int]], *, rounds: int = 2,
     clash = set(skipped) & set(runs)
     if clash:
         raise ValueError(f"rungs both run and skipped: {sorted(clash)}")
-    times, returned = interleaved_rounds(runs, rounds=rounds, rotate=False)
+    times, returned = interleaved_rounds(runs, rounds=rounds, wait=wait, rotate=False)
     counts: dict[str, int] = {}
     for name, values in returned.items():
         for n in values:

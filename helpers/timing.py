@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 from .fmt import ShownAsTable, Table, fmt_ratio
 
-__all__ = ["compare_times", "interleaved_rounds", "TimeComparison", "fmt_in_unit",
-           "UNITS"]
+__all__ = ["compare_times", "interleaved_rounds", "sync_function", "TimeComparison",
+           "fmt_in_unit", "UNITS"]
 
 UNITS = {"s": 1.0, "ms": 1e-3, "µs": 1e-6}
 
@@ -52,8 +52,30 @@ def _count(value, name: str, minimum: int) -> int:
     return int(value)
 
 
-def _sync_function(sync):  # shared with helpers.throughput
-    """None, a function, or a device: "cpu", "cuda", "cuda:1", "mps" or a torch.device."""
+def sync_function(sync) -> Callable[[], object] | None:
+    """The one way the kit's timers wait for a device: what to call before each clock read.
+
+    GPU kernels run asynchronously: a clock read right after launching work measures how fast
+    Python queued it, not how long the GPU took. :func:`compare_times`,
+    ``helpers.throughput.compare`` and ``helpers.StepTimer`` call the function returned here
+    before every clock read (and read ``time.perf_counter`` only after it returns), so a
+    timing covers the device's work and none of it spills into the next timing. Wall-clock
+    time after a sync is what a training loop actually waits for (data loading and Python
+    included), which CUDA events, timing the GPU's stream alone, would leave out.
+
+    Args:
+        sync: None or ``"cpu"`` (nothing to wait for), a function without arguments, or a
+            device: ``"cuda"``, ``"cuda:N"``, ``"mps"`` or a ``torch.device``.
+
+    Returns:
+        None (no waiting needed) or a function without arguments that blocks until the
+        device has finished all queued work.
+
+    Raises:
+        ValueError: an unknown or malformed device, ``"cuda"`` on a machine where
+            ``torch.cuda.is_available()`` is False, or a GPU index this machine lacks.
+        TypeError: anything else.
+    """
     if sync is None:
         return None
     if callable(sync):
@@ -63,19 +85,39 @@ def _sync_function(sync):  # shared with helpers.throughput
         raise TypeError("sync must be None, a function without arguments, or a device such "
                         f"as 'cuda' or torch.device('cuda:0'), got {sync!r}")
     text = str(sync)
-    kind = kind or text.split(":")[0]
+    if kind is None:  # a string: "cuda" or "cuda:1"
+        kind, colon, rest = text.partition(":")
+        index = rest if colon else None
+    else:  # a torch.device
+        index = None if sync.index is None else str(sync.index)
     if kind == "cpu":
         return None
     if kind == "cuda":
-        import torch
-
-        device = torch.device(text)
-        return lambda: torch.cuda.synchronize(device)
+        return _cuda_sync(text, index)
     if kind == "mps":
         import torch
 
         return torch.mps.synchronize
     raise ValueError(f"sync: unknown device {text!r}; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
+
+
+def _cuda_sync(text: str, index: str | None):
+    """``index``: the text after "cuda:" (None for plain "cuda")."""
+    if index is not None and not (index.isascii() and index.isdecimal()):
+        raise ValueError(f"sync: malformed CUDA device {text!r}; use 'cuda' or 'cuda:N' "
+                         "with N a GPU index such as 0")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"sync={text!r} but this machine has no CUDA GPU that torch can use "
+                         "(torch.cuda.is_available() is False); pass sync=device with "
+                         "device = helpers.pick_device()")
+    n = None if index is None else int(index)
+    if n is not None and n >= torch.cuda.device_count():
+        raise ValueError(f"sync={text!r} but torch sees {torch.cuda.device_count()} CUDA "
+                         f"device(s), numbered from 0")
+    device = torch.device("cuda" if n is None else f"cuda:{n}")
+    return lambda: torch.cuda.synchronize(device)
 
 
 @dataclass(frozen=True, repr=False)
@@ -143,7 +185,8 @@ def compare_times(workloads: Mapping[str, Callable[[], object]], *, rounds: int 
         number: calls per timing (the time reported is per call).
         warmup: untimed calls of each workload first (allocation, caches, lazy state).
         sync: make asynchronous devices finish before each clock read: ``"cuda"`` (or a
-            ``torch.device``), ``"mps"``, a function, or None for the CPU.
+            ``torch.device``), ``"mps"``, a function, or None for the CPU (see
+            :func:`sync_function`). Pass ``sync=device`` whenever the work runs on a GPU.
         baseline: the workload speed-ups are relative to (default: the first).
         unit: the unit of the printed times, "s", "ms" (default) or "µs": fixed, so the
             table looks the same on a laptop and on a GPU node.
@@ -172,7 +215,7 @@ def compare_times(workloads: Mapping[str, Callable[[], object]], *, rounds: int 
                          f"{', '.join(names)}")
     if unit not in UNITS:
         raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
-    wait = _sync_function(sync)
+    wait = sync_function(sync)
     for fn in workloads.values():
         for _ in range(warmup):
             fn()

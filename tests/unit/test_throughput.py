@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import helpers
-from helpers import nvml, throughput
+from helpers import nvml, throughput, timing
 from helpers.recorded import KIND
 from helpers.throughput import (
     Comparison,
@@ -173,18 +173,20 @@ def test_verdicts(share, bound):
 
 
 def test_sync_accepts_devices_and_rejects_the_rest():
-    assert throughput._sync_function(None) is None
-    assert throughput._sync_function("cpu") is None
+    assert timing.sync_function(None) is None
+    assert timing.sync_function("cpu") is None
     fn = print
-    assert throughput._sync_function(fn) is fn
+    assert timing.sync_function(fn) is fn
     import torch
 
-    assert throughput._sync_function(torch.device("cpu")) is None
-    assert callable(throughput._sync_function("cuda:0"))  # not called: no GPU needed
+    assert timing.sync_function(torch.device("cpu")) is None
+    if not torch.cuda.is_available():  # a clear error instead of torch's AssertionError
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            timing.sync_function("cuda:0")
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
-        throughput._sync_function("tpu")
+        timing.sync_function("tpu")
     with pytest.raises(TypeError, match="sync must be None, a function without arguments"):
-        throughput._sync_function(3)
+        timing.sync_function(3)
 
 
 def test_gpu_util_is_sampled_from_nvml(clock, monkeypatch):
