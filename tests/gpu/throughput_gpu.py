@@ -67,7 +67,7 @@ def ladders(device, quick: bool = False) -> dict:
     from torch import nn
     from torch.utils.data import DataLoader
 
-    helpers.setup(seed=0)
+    helpers.setup(seed=0, deterministic=False)  # time the kernels a real run uses
     cores = _cores()
     torch.set_num_threads(max(1, cores // 2))
     workers = min(4, cores)
@@ -134,7 +134,7 @@ def ladders(device, quick: bool = False) -> dict:
                                                             epochs),
     }
     input_runs.update({name: partial(train, data, epochs) for name, data in warm.items()})
-    input_ladder = helpers.compare(input_runs, rounds=rounds, skipped=skipped)
+    input_ladder = helpers.compare(input_runs, rounds=rounds, skipped=skipped, sync=device)
     del warm, input_runs, data  # shut the kept-alive workers down
     fed = timed(dict(keep, pin_memory=device.type == "cuda"))
 
@@ -169,7 +169,8 @@ def ladders(device, quick: bool = False) -> dict:
                                       log_every_step=False, amp=amp_ok)
     else:
         skipped.update({name: "GPU rung: needs a CUDA GPU" for name in gpu_rungs})
-    step_ladder = helpers.compare(step_runs, rounds=1 if quick else 3, skipped=skipped)
+    step_ladder = helpers.compare(step_runs, rounds=1 if quick else 3, skipped=skipped,
+                                  sync=device)
 
     rungs = []
     for part, ladder in [("PyTorch input", input_ladder), ("training step", step_ladder)]:
@@ -182,7 +183,10 @@ def ladders(device, quick: bool = False) -> dict:
         "settings": {"workers": workers, "compute_threads": torch.get_num_threads(),
                      "latency_ms_per_sample": dataset.latency_s * 1e3,
                      "samples_per_epoch": len(dataset), "epochs": epochs, "rounds": rounds,
-                     "model": "helpers.MLP(256, 128, depth 3, 10 classes)"},
+                     "model": "helpers.MLP(256, 128, depth 3, 10 classes)",
+                     "timing": ("each clock read after torch.cuda.synchronize"
+                                if device.type == "cuda" else "cpu: nothing to synchronise"),
+                     "deterministic": False},
         "rungs": rungs,
         "step_timer": {
             "starved": {"wait_share": round(starved.wait_share, 3),
