@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import weakref
 
 import pytest
@@ -503,6 +504,8 @@ class FakeCuda:
         }
         for name, fn in patches.items():
             monkeypatch.setattr(c, name, fn)
+        # the finder's cuBLAS warm-up runs its matmuls on the CPU here
+        monkeypatch.setattr("helpers.batch_size._CudaProbe.device_type", "cpu", raising=False)
 
     def _reset(self, i=None):
         self.peak_alloc, self.peak_reserved = self.allocated, self.reserved
@@ -526,3 +529,59 @@ def test_cuda_path_reads_the_allocator_and_respects_the_memory_fraction(monkeypa
     largest = (r.budget_bytes - cuda.context - cuda.fixed) // cuda.per_sample
     assert largest // 8 * 8 == r.batch_size  # exactly linear: the prediction is exact
     assert r.n_trials <= 5 and cuda.synced >= r.n_steps and cuda.emptied >= r.n_trials
+
+
+class FakeCudaWithCublas(FakeCuda):
+    """The same card, with cuBLAS: the first matrix multiplication on a thread (and the first
+    backward, which runs on autograd's device thread) gets a workspace from the caching
+    allocator, which memory_allocated() counts and empty_cache() never frees."""
+
+    WORKSPACE = 8 * MiB
+    MATMULS = ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv")
+
+    def __init__(self):
+        super().__init__()
+        self.workspaces = set()
+
+    def matmul(self):
+        key = (threading.get_ident(), torch._C._current_graph_task_id() != -1)
+        if key not in self.workspaces:
+            self.workspaces.add(key)
+            self.allocated += self.WORKSPACE
+            self.reserved += self.WORKSPACE
+            self.peak_alloc = max(self.peak_alloc, self.allocated)
+            self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def step(self, b):
+        w = torch.ones(4, 4, requires_grad=True)  # the step's matmuls, forward and backward
+        (w @ w).sum().backward()
+        need = self.allocated + self.per_sample * b
+        if need > self.total * self.fraction:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {need} bytes")
+        self.peak_alloc = max(self.peak_alloc, need)
+        self.peak_reserved = max(self.peak_reserved, need + 20 * MiB)
+        self.reserved = max(self.reserved, need + 20 * MiB)
+
+    def watching_matmuls(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        cuda = self
+
+        class Cublas(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func.overloadpacket.__name__ in cuda.MATMULS:
+                    cuda.matmul()
+                return func(*args, **(kwargs or {}))
+
+        return Cublas()
+
+
+def test_cuda_baseline_is_read_after_the_cublas_workspaces_exist(monkeypatch):
+    """"Memory back where it started" (lesson 05) holds on a GPU where nothing ran before."""
+    cuda = FakeCudaWithCublas()
+    cuda.install(monkeypatch)
+    with cuda.watching_matmuls():
+        r = helpers.find_batch_size(cuda.step, margin=0.1)
+    assert len(cuda.workspaces) == 2  # forward and backward
+    assert r.after_bytes == r.baseline_bytes == cuda.fixed + 2 * cuda.WORKSPACE
+    assert r.trial(r.batch_size).fits and any(t.oom for t in r.trials)
