@@ -32,8 +32,9 @@ failures included) and TensorFlow's ``ResourceExhaustedError`` (:func:`is_oom_er
 Anything else stops the search and is re-raised.  Between trials the model and optimizer
 are restored to their state before the search, the error's traceback frames are released,
 garbage is collected and the (virtual or CUDA) allocator's cache is emptied, so each trial
-starts from the same memory and, afterwards, memory is back where it started.  Used by
-lesson 05.
+starts from the same memory and, afterwards, memory is back where it started (on CUDA,
+measured from a baseline read after a warm-up matmul: cuBLAS's workspaces, which
+``empty_cache()`` never frees, are part of it; :func:`warm_up_cuda`).  Used by lesson 05.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ from dataclasses import dataclass, field
 
 from .fmt import Table, fmt_bytes, fmt_rate
 
-__all__ = ["find_batch_size", "BatchSizeResult", "Trial", "BatchSizeError", "is_oom_error"]
+__all__ = ["find_batch_size", "BatchSizeResult", "Trial", "BatchSizeError", "is_oom_error",
+           "warm_up_cuda"]
 
 # Messages of out-of-memory errors that are not (or not always) torch.OutOfMemoryError: the
 # CUDA runtime's (torch.AcceleratorError), and cuBLAS's and cuDNN's own allocation failures,
@@ -110,6 +112,36 @@ def is_oom_error(exc: BaseException) -> bool:
     return False
 
 
+def warm_up_cuda(device=None, *, streams=None) -> None:
+    """Create cuBLAS's workspaces before reading a memory baseline on a CUDA device.
+
+    The first matrix multiplication on a (thread, stream) takes a cuBLAS(Lt) workspace from
+    the caching allocator, and the first backward takes another on autograd's device thread.
+    ``torch.cuda.memory_allocated()`` counts them and ``torch.cuda.empty_cache()`` never
+    frees them, so a "memory is back where it started" check must read its baseline after
+    them.  This runs a small matmul and a ``Linear`` with bias (cuBLASLt), forward and
+    backward, on each stream in ``streams`` (default: the current stream), then synchronises.
+    Used by :func:`find_batch_size` and the GPU tests.
+
+    Args:
+        device: a CUDA device (default: the current one).
+        streams: the ``torch.cuda.Stream`` objects the code to be measured uses.
+    """
+    import torch
+
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None \
+        else torch.device(device)
+    for stream in [None] if streams is None else list(streams):
+        with (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()), \
+                torch.enable_grad():
+            w = torch.ones(16, 16, device=device, requires_grad=True)
+            bias = torch.zeros(16, device=device, requires_grad=True)
+            (torch.nn.functional.linear(w, w, bias) @ w).sum().backward()
+            del w, bias
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 # ---------------------------------------------------------------------------- results
 @dataclass(frozen=True)
 class Trial:
@@ -151,7 +183,8 @@ class BatchSizeResult:
     ``n_steps`` count them and the training steps they ran.  ``bytes_per_sample`` and
     ``fixed_bytes`` describe the memory line fitted to the trials (None without two
     measured sizes).  ``baseline_bytes`` and ``after_bytes`` are the bytes allocated before
-    and after the search (equal when everything was released).
+    and after the search (equal when everything was released; on CUDA the baseline is read
+    after a warm-up matmul, so it includes cuBLAS's workspaces, which are never freed).
     """
 
     batch_size: int
@@ -301,6 +334,9 @@ class _Probe:
     def adopt(self, objs) -> None:
         """Count tensors that are already on the device (the model) from now on."""
 
+    def warm_up(self) -> None:
+        """Allocate what stays allocated after the first step (before the baseline)."""
+
 
 class _VirtualProbe(_Probe):
     def __init__(self, gpu):
@@ -338,11 +374,14 @@ class _VirtualProbe(_Probe):
 
 
 class _CudaProbe(_Probe):
+    device_type = "cuda"
+
     def __init__(self, index: int):
         import torch
 
         self.torch = torch
         self.index = index
+        self.device = torch.device(self.device_type, index)
         torch.cuda.synchronize(index)
         free, total = torch.cuda.mem_get_info(index)
         # memory PyTorch does not manage: the CUDA context, other processes
@@ -371,6 +410,10 @@ class _CudaProbe(_Probe):
 
     def empty_cache(self):
         self.torch.cuda.empty_cache()
+
+    def warm_up(self):
+        # cuBLAS's workspaces (forward, and backward on autograd's thread) stay allocated
+        warm_up_cuda(self.device)
 
 
 class _TFProbe(_Probe):
@@ -956,6 +999,7 @@ def find_batch_size(step, *, model=None, optimizer=None, start: int = 32,
             traceback.clear_frames(exc.__traceback__)
             raise BatchSizeError(f"the model and optimizer alone do not fit on {probe.name}: "
                                  f"{text}") from None
+    probe.warm_up()  # the baseline includes cuBLAS's workspaces: the steps would add them
     gc.collect()
     probe.empty_cache()
     search = _Search(step, probe, state, start=start, maximum=maximum, budget=budget,

@@ -584,4 +584,4 @@ def test_cuda_baseline_is_read_after_the_cublas_workspaces_exist(monkeypatch):
         r = helpers.find_batch_size(cuda.step, margin=0.1)
     assert len(cuda.workspaces) == 2  # forward and backward
     assert r.after_bytes == r.baseline_bytes == cuda.fixed + 2 * cuda.WORKSPACE
-    assert r.trial(r.batch_size).fits and any(t.oom for t in r.trials)
+    assert r.trial(r.batch_size).fits and r.n_trials > 2
