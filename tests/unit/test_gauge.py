@@ -393,3 +393,69 @@ def test_a_failing_source_keeps_the_last_reading_and_says_why(monkeypatch):
     after = g.update(force=True)  # inside a training loop: must not raise
     assert after.used_bytes == before.used_bytes
     assert "GPU has fallen off the bus" in after.detail
+
+
+# ------------------------------------------------------------------ CUDA-only paths (issue 14)
+@pytest.fixture
+def cuda_torch(monkeypatch):
+    """torch.cuda as on a 2-GPU machine, CUDA not initialised; get_device_properties would
+    initialise it (torch.cuda._lazy_init), so calls are recorded."""
+    import torch
+
+    calls = []
+    state = {"initialised": False}
+
+    def properties(i):
+        calls.append(i)
+        state["initialised"] = True  # what torch.cuda._lazy_init() does
+        return types.SimpleNamespace(uuid=f"GPU-{1 - i}")  # torch's order is NVML's reversed
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: state["initialised"])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    monkeypatch.setattr(gauge, "_tf_current", lambda i: None)
+    return types.SimpleNamespace(calls=calls, state=state)
+
+
+def test_gauge_does_not_initialise_cuda_to_match_gpus(fake_nvml, cuda_torch):
+    helpers.read_memory("cuda:0")
+    helpers.GpuWatch(interval=None).text()
+    assert cuda_torch.calls == [] and not cuda_torch.state["initialised"]
+    assert gauge._torch_index_for(0) == -1  # no torch statistics before CUDA starts
+    cuda_torch.state["initialised"] = True  # the learner's code started CUDA
+    assert gauge._torch_index_for(0) == 1 and gauge._torch_index_for(1) == 0
+
+
+class OldDriverNVML(FakeNVML):
+    """pynvml over a driver without nvmlDeviceGetComputeRunningProcesses_v3."""
+
+    class NVMLLibraryMismatchError(Exception):  # pynvml's is not an NVMLError
+        pass
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        raise self.NVMLLibraryMismatchError(
+            "Unversioned function called and the pyNVML version does not match the NVML lib "
+            "version. Either use matching pyNVML and NVML lib versions or use a versioned "
+            "function such as nvmlDeviceGetComputeRunningProcesses_v2")
+
+
+def test_an_old_driver_without_the_process_query_degrades(fake_nvml, monkeypatch):
+    import os
+
+    monkeypatch.setitem(sys.modules, "pynvml", OldDriverNVML(os.getpid()))
+    monkeypatch.setattr(gauge, "_torch_stats", lambda i: None)
+    assert nvml.gpu_processes(0) is None
+    reading = helpers.read_memory("cuda:0")
+    assert "per-process memory: not reported by this driver" in reading.detail
+    assert helpers.MemoryGauge(0).reading.label == "GPU0"
+    assert helpers.GpuWatch(interval=None).text().startswith("NVIDIA driver 580.95.05")
+
+
+def test_container_pids_are_said_to_be_invisible(fake_nvml, monkeypatch):
+    """Without the host's PID namespace NVML's PIDs never match os.getpid()."""
+    monkeypatch.setattr(fake_nvml, "pid", 2**22 + 12345)  # above Linux's pid_max default
+    monkeypatch.setattr(gauge, "_torch_stats", lambda i: None)
+    monkeypatch.setattr(gauge, "_tf_current", lambda i: None)
+    detail = helpers.read_memory("cuda:0").detail
+    assert "PIDs not visible in this container" in detail, detail
+    assert "this process 0.0 GiB" not in detail
