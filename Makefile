@@ -14,8 +14,16 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
+# SITE=1: a small environment over a Python that already has PyTorch (a cluster module or
+# container), in .venv-site; see README "A cluster node that already has PyTorch"
+SITE ?= 0
+ifeq ($(SITE),1)
+PYTHON ?= python3
+VENV ?= .venv-site
+else
 PYTHON ?= $(shell command -v python3.11 >/dev/null 2>&1 && echo python3.11 || echo python3)
 VENV ?= .venv
+endif
 # an environment set up with GPU=1 stays a GPU environment (make lab, test, kernel...)
 GPU ?= $(if $(wildcard $(VENV)/.installed-gpu1),1,0)
 PORT ?= 8888
@@ -23,7 +31,7 @@ WHEELHOUSE ?=
 PIP_SOURCE := $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE))
 BIN := $(VENV)/bin
 PY := $(BIN)/python
-STAMP := $(VENV)/.installed-gpu$(GPU)
+STAMP := $(VENV)/$(if $(filter 1,$(SITE)),.installed-site,.installed-gpu$(GPU))
 NB ?=
 # pytest-xdist workers for the notebook tests (one kernel per notebook file)
 WORKERS ?= 2
@@ -36,24 +44,42 @@ help:
 	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- environment
+ifeq ($(SITE),1)
+# site_env.py decides each time (in a fraction of a second) whether anything changed: the
+# site's Python, its torch/TensorFlow, requirements-site.txt or the wheelhouse
+$(STAMP): FORCE
+	$(PYTHON) scripts/site_env.py setup --python $(PYTHON) --venv $(VENV) \
+	  $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE))
+else
 $(STAMP): requirements.txt requirements-gpu.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; \
 	  sys.exit(0) if v >= (3, 10) else sys.exit(f"Python 3.11 is needed, found {v}")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(if $(WHEELHOUSE),,$(PY) -m pip install --quiet --upgrade pip)
 ifeq ($(GPU),1)
+	@# a CPU torch (2.13.0+cpu satisfies ==2.13.0) and tensorflow-cpu go first; the
+	@# constraints exclude the +cpu wheel that pip would otherwise prefer
+	$(PY) scripts/gpu_setup.py prepare requirements-gpu.txt \
+	  --constraints $(VENV)/constraints-gpu.txt
 	grep -v -E '^(torch|tensorflow)' requirements.txt > $(VENV)/requirements-nofw.txt
-	$(PY) -m pip install --quiet $(PIP_SOURCE) -r requirements-gpu.txt \
-	  -r $(VENV)/requirements-nofw.txt
+	$(PY) -m pip install --quiet $(PIP_SOURCE) -c $(VENV)/constraints-gpu.txt \
+	  -r requirements-gpu.txt -r $(VENV)/requirements-nofw.txt
 else
 	$(PY) -m pip install --quiet $(PIP_SOURCE) -r requirements.txt
 endif
 	$(PY) -m pip install --quiet --no-deps $(PIP_SOURCE) -e .
+ifeq ($(GPU),1)
+	@# fails unless torch is a CUDA build, and when NVML sees a GPU torch cannot use
+	$(PY) scripts/gpu_setup.py verify
+endif
 	@rm -f $(VENV)/.installed-gpu*
 	@touch $@
 	@echo "environment ready in $(VENV) (GPU=$(GPU))"
+endif
 
 setup: $(STAMP)
+
+FORCE:
 
 # ---------------------------------------------------------------- learners
 # Learners work in my-lessons/ (git-ignored): lessons are copied there once and never
@@ -83,16 +109,26 @@ kernel: setup
 	$(PY) -m ipykernel install --user --name $(KERNEL_NAME) \
 	  --display-name "Python (gpu-lessons)"
 
-# wheels for offline installs on compute nodes: `make setup WHEELHOUSE=wheelhouse`
-wheelhouse: setup
-ifeq ($(GPU),1)
+# wheels for offline installs on compute nodes: `make setup WHEELHOUSE=wheelhouse`.
+# SITE=1: only what gpu-check needs beyond a site's Python, for PYVER (default: PYTHON's),
+# without SITE_PROVIDES (set it empty to download numpy and matplotlib too, about 40 MiB)
+PYVER ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+SITE_PROVIDES ?= numpy matplotlib
+wheelhouse: $(if $(filter 1,$(SITE)),,setup)
+ifeq ($(SITE),1)
+	$(PYTHON) scripts/site_env.py wheelhouse --dest wheelhouse-site --pyver $(PYVER) \
+	  --without $(SITE_PROVIDES)
+	@echo "wheelhouse-site/ ready: copy the kit to the node, then"
+	@echo "  make gpu-check SITE=1 WHEELHOUSE=wheelhouse-site"
+else ifeq ($(GPU),1)
 	grep -v -E '^(torch|tensorflow)' requirements.txt > $(VENV)/requirements-nofw.txt
 	$(PY) -m pip download --quiet -d wheelhouse -r requirements-gpu.txt \
 	  -r $(VENV)/requirements-nofw.txt setuptools wheel
 else
 	$(PY) -m pip download --quiet -d wheelhouse -r requirements.txt setuptools wheel
 endif
-	@echo "wheelhouse/ ready: copy the kit to the cluster, then make lab WHEELHOUSE=wheelhouse"
+	$(if $(filter 1,$(SITE)),,@echo "wheelhouse/ ready: copy the kit to the cluster, then \
+	  make lab WHEELHOUSE=wheelhouse")
 
 # ---------------------------------------------------------------- tests
 # A real browser for the widget tests (tests/browser/conftest.py looks in the same order):
