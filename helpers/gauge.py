@@ -292,10 +292,19 @@ _torch_index: dict[int, int] = {}
 
 def _torch_index_for(nvml_index: int) -> int:
     """torch's device number for NVML's GPU ``nvml_index`` (they differ under
-    CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER); matched by UUID, identity if unknown."""
+    CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER); matched by UUID, identity if unknown.
+
+    -1 while this process has not started CUDA: reading the UUIDs through
+    ``torch.cuda.get_device_properties`` would start it (and there are no torch statistics
+    to show before that anyway)."""
     if nvml_index in _torch_index:
         return _torch_index[nvml_index]
     torch = sys.modules["torch"]
+    try:
+        if not torch.cuda.is_initialized():  # never start a CUDA context from a gauge
+            return -1
+    except Exception:  # noqa: BLE001
+        return -1
     result = -1
     try:
         uuids = {g.index: g.uuid for g in nvml.list_gpus()}
@@ -360,6 +369,10 @@ def _process_detail(index: int) -> str:
         text = "per-process memory: not reported by this driver"
     elif any(p.used_bytes is None for p in procs):
         text = f"{len(procs)} process(es) on this GPU; the driver hides their memory"
+    elif procs and _foreign_pids(procs):
+        text = (f"per-process memory: PIDs not visible in this container (NVML reports the "
+                f"host's); {len(procs)} process(es) "
+                f"{sum(p.used_bytes for p in procs) / GiB:.1f} GiB in all")
     else:
         mine = sum(p.used_bytes for p in procs if p.pid == os.getpid())
         others = [p for p in procs if p.pid != os.getpid()]
@@ -368,6 +381,21 @@ def _process_detail(index: int) -> str:
                 " GiB")
     _proc_cache[index] = (now, text + f" (checked every {PROCESS_QUERY_INTERVAL:.0f} s)")
     return _proc_cache[index][1]
+
+
+def _foreign_pids(procs) -> bool:
+    """True when NVML's PIDs come from another PID namespace (a container without the host's):
+    none is this process although it uses CUDA, or none exists here at all."""
+    import os
+
+    if any(p.pid == os.getpid() for p in procs):
+        return False
+    torch = sys.modules.get("torch")
+    try:
+        uses_cuda = torch is not None and torch.cuda.is_initialized()
+    except Exception:  # noqa: BLE001
+        uses_cuda = False
+    return uses_cuda or not any(os.path.exists(f"/proc/{p.pid}") for p in procs)
 
 
 def _cuda_reading(index: int, mem: nvml.GpuMemory | None) -> MemoryReading | None:

@@ -205,8 +205,16 @@ def gpu_processes(index: int = 0) -> list[GpuProcess] | None:
     handle = _handle(nv, index)
     try:
         procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)
-    except nv.NVMLError:
-        return None
+    except Exception:  # noqa: BLE001
+        # NVMLError, or pynvml's NVMLLibraryMismatchError (not an NVMLError) on drivers
+        # without the _v3 entry point; the _v2 query still works there
+        query = getattr(nv, "nvmlDeviceGetComputeRunningProcesses_v2", None)
+        try:
+            procs = query(handle) if query is not None else None
+        except Exception:  # noqa: BLE001
+            procs = None
+        if procs is None:
+            return None
     out = []
     for p in procs:
         used = getattr(p, "usedGpuMemory", None)

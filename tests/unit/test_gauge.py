@@ -449,13 +449,34 @@ def test_an_old_driver_without_the_process_query_degrades(fake_nvml, monkeypatch
     assert "per-process memory: not reported by this driver" in reading.detail
     assert helpers.MemoryGauge(0).reading.label == "GPU0"
     assert helpers.GpuWatch(interval=None).text().startswith("NVIDIA driver 580.95.05")
+    old = sys.modules["pynvml"]  # where pynvml offers the _v2 query, it answers instead
+    old.nvmlDeviceGetComputeRunningProcesses_v2 = types.MethodType(
+        FakeNVML.nvmlDeviceGetComputeRunningProcesses, old)
+    assert [p.used_bytes for p in nvml.gpu_processes(0)] == [3 * GiB, GiB]
 
 
 def test_container_pids_are_said_to_be_invisible(fake_nvml, monkeypatch):
     """Without the host's PID namespace NVML's PIDs never match os.getpid()."""
-    monkeypatch.setattr(fake_nvml, "pid", 2**22 + 12345)  # above Linux's pid_max default
+    host_pids = [2**22 + 12345, 2**22 + 12346]  # above Linux's default pid_max: not here
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetComputeRunningProcesses", lambda h: [
+        types.SimpleNamespace(pid=pid, usedGpuMemory=2 * GiB) for pid in host_pids])
     monkeypatch.setattr(gauge, "_torch_stats", lambda i: None)
     monkeypatch.setattr(gauge, "_tf_current", lambda i: None)
     detail = helpers.read_memory("cuda:0").detail
-    assert "PIDs not visible in this container" in detail, detail
+    assert ("per-process memory: PIDs not visible in this container (NVML reports the host's);"
+            " 2 process(es) 4.0 GiB in all") in detail, detail
     assert "this process 0.0 GiB" not in detail
+
+
+def test_a_pid_that_exists_here_but_is_not_this_cuda_process_is_foreign(fake_nvml, cuda_torch,
+                                                                        monkeypatch):
+    import os
+
+    cuda_torch.state["initialised"] = True  # this process uses CUDA, yet NVML lists only
+    monkeypatch.setattr(fake_nvml, "pid", 1)  # PIDs 1 and 1, which exist here
+    assert os.path.exists("/proc/1")
+    monkeypatch.setattr(gauge, "_torch_stats", lambda i: None)
+    assert "PIDs not visible in this container" in helpers.read_memory("cuda:0").detail
+    monkeypatch.setattr(gauge, "_proc_cache", {})
+    monkeypatch.setattr(fake_nvml, "pid", os.getpid())  # the host's PID namespace
+    assert "this process 3.0 GiB" in helpers.read_memory("cuda:0").detail
