@@ -81,6 +81,8 @@ _EXPORTS = {
     "ResNet": "models",
     "TransformerBlock": "models",
     "VirtualGPU": "memory.virtual",
+    "SimulatedCuda": "memory.cuda_standin",  # CPU rehearsals of CUDA code (tests/rehearsal)
+    "FakeNvml": "fake_nvml",
     "current_virtual_gpu": "memory.state",
     "full_scale": "memory.virtual",
     "measure_step": "memory.measure",
