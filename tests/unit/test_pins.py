@@ -24,19 +24,38 @@ def test_environment_yml_pins_match_requirements():
     assert "python=3.11" in env["dependencies"]
 
 
+GPU_FILES = ("requirements-gpu.txt", "requirements-gpu-tf.txt")
+
+
 def test_every_requirement_is_pinned_exactly():
-    for line in requirement_lines((ROOT / "requirements.txt").read_text()):
-        assert "==" in line, f"unpinned requirement: {line}"
-    for line in requirement_lines((ROOT / "requirements-gpu.txt").read_text()):
-        assert "==" in line, f"unpinned requirement: {line}"
+    for name in ("requirements.txt", *GPU_FILES):
+        for line in requirement_lines((ROOT / name).read_text()):
+            assert "==" in line and "*" not in line, f"{name}: unpinned requirement: {line}"
+
+
+def framework_pins(name):
+    """{project (extras dropped): version} of a GPU requirements file."""
+    lines = requirement_lines((ROOT / name).read_text())
+    return {line.split("==")[0].split("[")[0]: line.split("==")[1] for line in lines}
 
 
 def test_gpu_requirements_replace_only_the_frameworks():
-    gpu = {line.split("==")[0].split("[")[0] for line in
-           requirement_lines((ROOT / "requirements-gpu.txt").read_text())}
-    assert gpu == {"torch", "tensorflow"}
-    cpu = {line.split("==")[0]: line.split("==")[1].split(";")[0] for line in
+    """Each GPU file holds torch and one TensorFlow, at the versions of requirements.txt."""
+    cpu = {line.split("==")[0]: line.split("==")[1].split(";")[0].strip() for line in
            requirement_lines((ROOT / "requirements.txt").read_text())}
-    for line in requirement_lines((ROOT / "requirements-gpu.txt").read_text()):
-        name, version = line.split("==")
-        assert version == cpu[name.split("[")[0]] or version == cpu.get("tensorflow-cpu")
+    main, tf = framework_pins("requirements-gpu.txt"), framework_pins("requirements-gpu-tf.txt")
+    # main GPU environment: PyPI's torch (the CUDA 13 build), TensorFlow's CPU build
+    assert main == {"torch": cpu["torch"], "tensorflow-cpu": cpu["tensorflow-cpu"]}
+    # TensorFlow GPU environment: TF with its CUDA 12 wheels, torch's CPU build (+cpu)
+    assert tf == {"torch": cpu["torch"] + "+cpu", "tensorflow": cpu["tensorflow-cpu"]}
+    assert "tensorflow[and-cuda]==" + tf["tensorflow"] in requirement_lines(
+        (ROOT / "requirements-gpu-tf.txt").read_text())
+
+
+def test_cpu_torch_comes_from_torchs_cpu_index():
+    """torch==X+cpu exists only on torch's CPU index; PyPI stays the main index."""
+    options = [line.split() for line in (ROOT / "requirements-gpu-tf.txt").read_text()
+               .splitlines() if line.startswith("-")]
+    assert options == [["--extra-index-url", "https://download.pytorch.org/whl/cpu"]]
+    for name in ("requirements.txt", "requirements-gpu.txt"):
+        assert not any(line.startswith("-") for line in (ROOT / name).read_text().splitlines())
