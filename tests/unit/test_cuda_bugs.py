@@ -27,12 +27,14 @@ def gpu_machine(monkeypatch):
                         lambda *a, **k: torch.device("meta"))
 
 
-def _cell_defining(path: Path, first_line: str) -> str:
-    """The source of the code cell of notebook ``path`` that starts with ``first_line``."""
+def _cell_defining(path: Path, first_line: str, containing: str = "") -> str:
+    """The source of the code cell of notebook ``path`` that starts with ``first_line``
+    (and contains ``containing``)."""
     cells = json.loads(path.read_text())["cells"]
     found = [
         "".join(c["source"]) for c in cells
         if c["cell_type"] == "code" and "".join(c["source"]).startswith(first_line)
+        and containing in "".join(c["source"])
     ]
     assert len(found) == 1, f"{path.name}: {len(found)} cells start with {first_line!r}"
     return found[0]
@@ -68,3 +70,42 @@ def test_amp_gpu_cpu_full_scale_prediction_on_a_gpu_machine(gpu_machine):
     amp_gpu = _load_amp_gpu()
     peak, allocator, cats = amp_gpu._measure("mlp-tiny", 8, "bf16", None)
     assert peak > 0 and allocator is None and cats["parameters"] > 0
+
+
+# --------------------------------------------------------------------------- lesson 04 snapshot
+def test_lesson04_memory_snapshot_goes_to_the_ignored_traces_folder(tmp_path, monkeypatch):
+    """On a GPU, lesson 04's snapshot cell writes under traces/ (git-ignored, not bundled)
+    and records Python stacks only (C++ frames are slow to symbolise)."""
+    import subprocess
+    import types
+
+    source = _cell_defining(ROOT / "solutions" / "04_monitoring.ipynb",
+                            'if device.type == "cuda":\n', "_record_memory_history(")
+    calls = {}
+
+    class Memory:  # torch.cuda.memory's recorder, as on a GPU
+        def _record_memory_history(self, enabled="all", **kwargs):
+            calls.setdefault("record", []).append(dict(kwargs, enabled=enabled))
+
+        def _dump_snapshot(self, filename="dump_snapshot.pickle"):
+            calls["dump"] = filename
+            Path(filename).write_bytes(b"snapshot")
+
+        def _snapshot(self):
+            return {"segments": [1, 2]}
+
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=Memory()),
+                                       randn=lambda *shape, device=None: torch.randn(2, 4))
+    fake_nn = types.SimpleNamespace(Linear=lambda *a: nn.Linear(4, 4))
+    monkeypatch.setattr(nn.Linear, "to", lambda self, *a, **k: self)  # .to("cuda")
+    monkeypatch.chdir(tmp_path)  # the notebook's folder
+    namespace = {"torch": fake_torch, "nn": fake_nn, "device": torch.device("cuda"),
+                 "os": __import__("os")}
+    exec(compile(source, "04_monitoring.ipynb:snapshot", "exec"), namespace)
+    written = Path(calls["dump"])
+    assert written.parts[0] == "traces" and (tmp_path / written).is_file()
+    assert calls["record"][0]["stacks"] == "python"
+    for folder in ("solutions", "lessons", "my-lessons"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", f"{folder}/{written}"],
+                                 cwd=ROOT, check=False)
+        assert ignored.returncode == 0, f"{folder}/{written} is not git-ignored"
