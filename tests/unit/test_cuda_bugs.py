@@ -109,3 +109,20 @@ def test_lesson04_memory_snapshot_goes_to_the_ignored_traces_folder(tmp_path, mo
         ignored = subprocess.run(["git", "check-ignore", "-q", f"{folder}/{written}"],
                                  cwd=ROOT, check=False)
         assert ignored.returncode == 0, f"{folder}/{written} is not git-ignored"
+
+
+# ------------------------------------------------------------------ cards the pins cannot drive
+def test_known_cards_say_whether_the_pinned_torch_can_drive_them():
+    """torch 2.13's PyPI wheels are CUDA 13: compute capability >= 7.5, driver >= 580."""
+    from helpers.memory import capacity
+
+    assert capacity.PINNED_TORCH_NEEDS == {"compute_capability": (7, 5), "driver": 580}
+    assert set(capacity.COMPUTE_CAPABILITY) == set(helpers.KNOWN_GPUS)
+    cannot = {card for card in helpers.KNOWN_GPUS if not capacity.pinned_torch_runs_on(card)}
+    assert cannot == {"V100-16GB", "V100-32GB"}  # Volta, sm_70
+    for card in helpers.KNOWN_GPUS:
+        note = capacity.GPU_NOTES[card]
+        assert ("cannot run torch 2.13's CUDA 13 wheels" in note) is (card in cannot), note
+    assert capacity.pinned_torch_runs_on("Tesla T4")  # Turing, sm_75: the oldest that runs
+    with pytest.raises(ValueError, match="unknown GPU"):
+        capacity.pinned_torch_runs_on("P100")
