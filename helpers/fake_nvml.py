@@ -138,6 +138,8 @@ class FakeGpu:
     power_mw: int = 75_000
     power_limit_mw: int = 700_000
     processes: list[tuple[int, int | None]] = field(default_factory=list)
+    compute_capability: tuple[int, int] = (9, 0)
+    mig: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -276,6 +278,15 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetIndex(self, handle) -> int:  # noqa: N802
         self._gpu(handle)
         return handle.index
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle) -> tuple[int, int]:  # noqa: N802
+        self._note("nvmlDeviceGetCudaComputeCapability", getattr(handle, "index", None))
+        return tuple(self._gpu(handle).compute_capability)
+
+    def nvmlDeviceGetMigMode(self, handle) -> list[int]:  # noqa: N802
+        self._note("nvmlDeviceGetMigMode", getattr(handle, "index", None))
+        mode = int(self._gpu(handle).mig)
+        return [mode, mode]  # (current, pending)
 
     def nvmlDeviceGetName(self, handle) -> str:  # noqa: N802
         self._note("nvmlDeviceGetName", getattr(handle, "index", None))

@@ -166,6 +166,8 @@ class SimulatedCuda:
             ``is_bf16_supported()`` is True from 8.0 on.
         cudnn_version: what ``torch.backends.cudnn.version()`` answers (default 92000).
         cuda_version: what ``torch.version.cuda`` says (default ``"13.0"``).
+        available: False imitates a CUDA build that cannot use its GPUs (driver too old):
+            ``is_available()`` is False and ``device_count()`` 0.
 
     Use it as a context manager; it cannot be nested (a second one raises RuntimeError).
     Lesson planners and ``tests/rehearsal`` use it; see CONTRIBUTING.md.
@@ -179,12 +181,15 @@ class SimulatedCuda:
         "reset_peak_memory_stats", "mem_get_info", "empty_cache", "synchronize",
         "set_per_process_memory_fraction", "get_per_process_memory_fraction", "Event",
         "is_bf16_supported", "get_rng_state", "get_rng_state_all", "set_rng_state",
-        "set_rng_state_all", "manual_seed", "manual_seed_all",
+        "set_rng_state_all", "manual_seed", "manual_seed_all", "get_arch_list",
     )
+
+    #: the architectures ``get_arch_list()`` reports by default (torch 2.13's CUDA 13 wheel)
+    ARCHS = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
 
     def __init__(self, gpu=None, *, device_count: int = 1, name: str | None = None,
                  capability: tuple[int, int] = (9, 0), cudnn_version: int = 92000,
-                 cuda_version: str = "13.0"):
+                 cuda_version: str = "13.0", available: bool = True):
         from .virtual import VirtualGPU
 
         self.device_count = _int_arg(device_count, "device_count", 1)
@@ -200,6 +205,9 @@ class SimulatedCuda:
             raise TypeError(f"cuda_version must be a string such as '13.0', got "
                             f"{cuda_version!r}")
         self.cuda_version = cuda_version
+        if not isinstance(available, bool):
+            raise TypeError(f"available must be True or False, got {available!r}")
+        self.available = available
         self.gpu = None
         if isinstance(gpu, VirtualGPU):
             self.gpu = gpu
@@ -298,11 +306,15 @@ class SimulatedCuda:
     # ------------------------------------------------------------------ torch.cuda API
     def is_available(self) -> bool:
         self._note("is_available")
-        return True
+        return self.available
 
     def _device_count(self) -> int:
         self._note("device_count")
-        return self.device_count
+        return self.device_count if self.available else 0
+
+    def get_arch_list(self) -> list[str]:
+        self._note("get_arch_list")
+        return list(self.ARCHS)
 
     def current_device(self) -> int:
         self._initialise()
