@@ -24,7 +24,8 @@ import re
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from types import MappingProxyType
 
-__all__ = ["KNOWN_GPUS", "GPU_NOTES", "parse_capacity", "resolve_capacity", "card_name"]
+__all__ = ["KNOWN_GPUS", "GPU_NOTES", "COMPUTE_CAPABILITY", "PINNED_TORCH_NEEDS",
+           "pinned_torch_runs_on", "parse_capacity", "resolve_capacity", "card_name"]
 
 MiB = 1024**2
 
@@ -46,11 +47,26 @@ _TOTALS_MIB = {
 #: Known cards: name -> capacity in bytes (what the driver reports), smallest first.
 KNOWN_GPUS = MappingProxyType({name: mib * MiB for name, mib in _TOTALS_MIB.items()})
 
-#: One line per card: what it is sold as and what the driver reports.
+#: Compute capability of each known card (NVIDIA's "CUDA GPUs" table).
+COMPUTE_CAPABILITY = MappingProxyType({
+    "T4": (7, 5), "V100-16GB": (7, 0), "V100-32GB": (7, 0), "A100-40GB": (8, 0),
+    "L40S": (8, 9), "H100-80GB": (9, 0), "A100-80GB": (8, 0), "H200": (9, 0),
+})
+
+#: What a real GPU needs for the pinned torch (2.13; PyPI's Linux wheels are CUDA 13 builds,
+#: which have no Maxwell, Pascal or Volta code and need an R580 driver).
+PINNED_TORCH_NEEDS = MappingProxyType({"compute_capability": (7, 5), "driver": 580})
+
+_CANNOT_RUN = ("; cannot run torch 2.13's CUDA 13 wheels (compute capability 7.0, they need "
+               "7.5 or newer): simulate it with VirtualGPU, or use an older torch")
+
+#: One line per card: what it is sold as and what the driver reports (and, for cards the
+#: pinned torch cannot drive, that it cannot).
 GPU_NOTES = MappingProxyType({
     "T4": "Tesla T4, sold as 16 GB; nvidia-smi shows 15360 MiB",
-    "V100-16GB": "Tesla V100 16GB (SXM2/PCIe); nvidia-smi shows 16160 MiB",
-    "V100-32GB": "Tesla V100 32GB (SXM2/PCIe, also V100S); nvidia-smi shows 32510 MiB",
+    "V100-16GB": "Tesla V100 16GB (SXM2/PCIe); nvidia-smi shows 16160 MiB" + _CANNOT_RUN,
+    "V100-32GB": ("Tesla V100 32GB (SXM2/PCIe, also V100S); nvidia-smi shows 32510 MiB"
+                  + _CANNOT_RUN),
     "A100-40GB": "A100 40GB (SXM4/PCIe); nvidia-smi shows 40960 MiB",
     "L40S": "L40S, sold as 48 GB; nvidia-smi shows 46068 MiB",
     "H100-80GB": "H100 80GB (SXM5 HBM3/PCIe); nvidia-smi shows 81559 MiB",
@@ -116,6 +132,12 @@ def card_name(name: str) -> str:
     if len(toks) == 2 and toks[0] == "V100S":
         return card_name(f"V100-{toks[1]}")
     raise ValueError(f"unknown GPU {name!r}. Accepted: {ACCEPTED}.")
+
+
+def pinned_torch_runs_on(card: str) -> bool:
+    """Can the pinned torch (2.13, CUDA 13 wheels) use a real ``card``?  Its memory can be
+    simulated either way (``VirtualGPU("V100-32GB")``).  ValueError for unknown cards."""
+    return COMPUTE_CAPABILITY[card_name(card)] >= PINNED_TORCH_NEEDS["compute_capability"]
 
 
 def _from_number(value) -> int:

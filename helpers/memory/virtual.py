@@ -218,7 +218,8 @@ class VirtualGPU:
         capacity: bytes, ``"48GB"``, ``"48 GiB"`` or a known card (``"L40S"``, ``"A100-80GB"``,
             ``"H100-80GB"``, ``"H200"``, ``"T4"``, ``"V100-16GB"``, ``"V100-32GB"``,
             ``"A100-40GB"``; see ``helpers.KNOWN_GPUS``). Cards have the capacity their
-            driver reports (L40S: 46068 MiB).
+            driver reports (L40S: 46068 MiB). A real V100 cannot run torch 2.13's CUDA 13
+            wheels (``helpers.memory.capacity.GPU_NOTES``); its memory can be simulated.
         rounding: simulate PyTorch's CUDA caching allocator: 512-byte blocks, 2 MiB and
             20 MiB segments, cached free blocks (``reserved_bytes`` > ``allocated_bytes``).
             Off (default): exact bytes, ``reserved_bytes == allocated_bytes``.
