@@ -38,7 +38,7 @@ WORKERS ?= 2
 
 .PHONY: help setup lab refresh test test-unit test-notebooks test-browser lessons outputs \
         check-lessons lint bench stress browser clean release release-solutions kernel \
-        wheelhouse
+        wheelhouse gpu-check
 
 help:
 	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
@@ -146,11 +146,16 @@ browser:
 	else echo "browser: none found; the browser tests will skip. Install chromium, or run"; \
 	  echo "  $(PY) -m playwright install chromium, or set CHROMIUM_PATH"; fi
 
-test: setup browser
+# GPU=1 (a CUDA environment): the GPU test mode, i.e. `make gpu-check` (every part in turn)
+test: setup $(if $(filter 1,$(GPU)),,browser)
 	@test -d tests || { echo "The tests are not part of this bundle: clone the kit's repository."; exit 2; }
+ifeq ($(GPU),1)
+	$(PY) scripts/gpu_check.py $(GPU_CHECK_FLAGS)
+else
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory test-unit test-notebooks test-browser; \
 	echo "make test: all passed in $$(( $$(date +%s) - start )) s"
+endif
 
 test-unit: setup
 	$(BIN)/ruff check .
@@ -163,6 +168,17 @@ test-notebooks: setup
 
 test-browser: setup
 	$(PY) -m pytest tests/browser -m browser -q
+
+# The GPU test mode (tests/gpu/README.md): unit tests, tests/gpu, every solutions notebook, in
+# resumable parts of <= 4 min on one H200; results and logs in gpu-check-results/<date>/.
+#   PART=gpu (or unit, notebooks-a ...; list: scripts/gpu_check.py --list)   one part only
+#   FORCE=1     re-run parts that already passed      DRY_RUN=1   on a CPU, CPU stand-ins
+PART ?=
+DRY_RUN ?=
+GPU_CHECK_FLAGS = $(if $(PART),--part $(PART)) $(if $(filter 1,$(FORCE)),--force) \
+  $(if $(filter 1,$(DRY_RUN)),--dry-run)
+gpu-check: setup
+	$(PY) scripts/gpu_check.py $(GPU_CHECK_FLAGS)
 
 # ---------------------------------------------------------------- authors
 lessons: setup
