@@ -299,6 +299,40 @@ class SimulatedCuda:
         d.peak_allocated_bytes = max(d.peak_allocated_bytes, d.allocated_bytes)
         d.peak_reserved_bytes = max(d.peak_reserved_bytes, d.reserved_bytes)
 
+    def allocate(self, n_bytes: int, device=None) -> None:
+        """Allocate ``n_bytes`` on a counter device as the caching allocator would: cached
+        blocks are reused first, and a reserve beyond ``set_per_process_memory_fraction``'s
+        share of the total (or beyond the free memory) raises ``torch.OutOfMemoryError``."""
+        index = self._index(device)
+        if self._backed(index):
+            raise ValueError(f"device {index} reads its memory from the VirtualGPU; "
+                             "allocate tensors there instead")
+        n = _int_arg(n_bytes, "n_bytes", 0)
+        d = self.devices[index]
+        allocated = d.allocated_bytes + n
+        reserved = max(d.reserved_bytes, allocated)
+        limit = min(int(d.fraction * d.total_bytes), d.total_bytes - d.other_bytes)
+        if reserved > limit:
+            from .virtual import oom_message
+
+            raise torch.OutOfMemoryError(oom_message(
+                tried=n, capacity=d.total_bytes, context=d.other_bytes,
+                allocated=d.allocated_bytes, reserved=d.reserved_bytes, device_index=index)
+                + " [simulated by helpers.SimulatedCuda]")
+        d.allocated_bytes, d.reserved_bytes = allocated, reserved
+        d.peak_allocated_bytes = max(d.peak_allocated_bytes, allocated)
+        d.peak_reserved_bytes = max(d.peak_reserved_bytes, reserved)
+
+    def free(self, n_bytes: int, device=None) -> None:
+        """Free ``n_bytes`` on a counter device; they stay reserved (cached)."""
+        index = self._index(device)
+        d = self.devices[index]
+        n = _int_arg(n_bytes, "n_bytes", 0)
+        if n > d.allocated_bytes:
+            raise ValueError(f"n_bytes ({n}) is more than device {index} has allocated "
+                             f"({d.allocated_bytes})")
+        d.allocated_bytes -= n
+
     def calls(self, name: str) -> list[tuple]:
         """The log entries of one call, e.g. ``sim.calls("synchronize")``."""
         return [entry for entry in self.log if entry[0] == name]
