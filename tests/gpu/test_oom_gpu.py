@@ -7,8 +7,10 @@ On a CUDA GPU with at least an L40S's memory (46068 MiB), ``helpers.check_traini
 the real ResNet-200 on the real GPU with ``torch.cuda.set_per_process_memory_fraction``
 capping PyTorch's allocator at what an L40S leaves after the CUDA context. Checked: the
 workshop's script (batch 256) runs out of memory and batch 32 fits, as on the virtual L40S;
-the real peak of batch 32 is within 15 % of the virtual prediction; the cap is lifted and the
-memory given back afterwards. Without such a GPU the tests skip with the reason.
+the memory the real allocator reserved at batch 32's peak is within 15 % of the virtual
+prediction (each without its context: the real one measured, the virtual 500 MiB); the cap
+is lifted and the memory given back afterwards (from a baseline read after cuBLAS's
+workspaces exist). Without such a GPU the tests skip with the reason.
 """
 
 import gc
@@ -18,6 +20,7 @@ import torch
 
 import helpers
 from helpers.batch_size import warm_up_cuda
+from helpers.oom import CONTEXT
 from helpers.oom import original_step as original
 
 pytestmark = pytest.mark.gpu
@@ -42,14 +45,24 @@ def test_the_real_gpu_agrees_with_the_virtual_l40s():
     warm_up_cuda(device)
     before = torch.cuda.memory_allocated(device)
     crash = helpers.check_training(original, batch_size=256, device=device, small_steps=1)
-    assert not crash.fits and "out of memory" in crash.oom.lower()
+    # torch.OutOfMemoryError, or cuBLAS's/cuDNN's own allocation failure near the cap
+    assert not crash.fits and helpers.is_oom_error(RuntimeError(crash.oom)), crash.oom
     assert "real allocator capped" in crash.source
+    gc.collect()
+    torch.cuda.empty_cache()
+    # what the allocator does not manage: the real CUDA context, other processes, a
+    # TensorFlow pool left by an earlier test; the checker counts it in the peak
+    free, total = torch.cuda.mem_get_info(device)
+    outside = total - free - torch.cuda.memory_reserved(device)
     fits = helpers.check_training(original, batch_size=32, device=device, small_steps=1)
     assert fits.passed, fits.text()
     virtual = helpers.check_training(original, batch_size=32, device="cpu", small_steps=1)
-    print(f"batch 32: real {helpers.fmt_bytes(fits.peak_bytes)}, virtual "
-          f"{helpers.fmt_bytes(virtual.peak_bytes)}")
-    assert abs(fits.peak_bytes - virtual.peak_bytes) < 0.15 * virtual.peak_bytes
+    real_reserved = fits.peak_bytes - outside
+    virtual_reserved = virtual.peak_bytes - helpers.parse_capacity(CONTEXT)
+    print(f"batch 32, reserved by the allocator at the peak: real "
+          f"{helpers.fmt_bytes(real_reserved)}, virtual {helpers.fmt_bytes(virtual_reserved)} "
+          f"(real context and other memory {helpers.fmt_bytes(outside)})")
+    assert abs(real_reserved - virtual_reserved) < 0.15 * virtual_reserved
     gc.collect()
     torch.cuda.empty_cache()
     assert torch.cuda.memory_allocated(device) == before
