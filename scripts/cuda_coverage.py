@@ -22,7 +22,10 @@ separately). A *CUDA condition* is an expression that mentions, anywhere inside 
 Its CUDA-only lines are then the statements that run only when it holds:
 
 1. the body of ``if C:`` / ``elif C:`` / ``while C:`` and of ``with C:``; for a *negated*
-   condition (``not C``, ``C is None``, ``C != "cuda"``) the ``else`` body instead, and, when
+   condition (``not C``, ``C is None``, ``C != "cuda"``) the ``else`` body instead (``C and
+   X`` counts as C, ``C or X`` only when X is one too; ``isinstance(...)`` type checks and
+   strings inside a tuple/list such as ``kind in ("cpu", "cuda")`` are not CUDA conditions),
+   and, when
    the ``if`` body ends in ``return``/``raise``/``continue``/``break`` and has no ``else``,
    the statements after that ``if`` in the same block (``if nv is None: return None``);
 2. the body of an ``except`` clause whose exception names NVML (``except nv.NVMLError``);
@@ -87,7 +90,15 @@ class _Finder:
 
     def is_cuda(self, node) -> bool:
         tainted = self._tainted_stack[-1]
+        skip: set[int] = set()
         for sub in ast.walk(node):
+            if id(sub) in skip:
+                continue
+            if isinstance(sub, (ast.Tuple, ast.List, ast.Set)) or (
+                    isinstance(sub, ast.Call) and _dotted(sub.func) == "isinstance"):
+                # a type check, or a device kind among several: not a CUDA condition
+                skip.update(id(s) for s in ast.walk(sub) if s is not sub)
+                continue
             if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
                 v = sub.value
                 if v in ("cuda", "GPU") or v.startswith(("cuda:", "GPU:")):
@@ -110,6 +121,13 @@ class _Finder:
         """+1: the body runs under CUDA; -1: the else runs under CUDA; 0: not a condition."""
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
             return -self.polarity(test.operand)
+        if isinstance(test, ast.BoolOp):
+            signs = [self.polarity(v) for v in test.values]
+            if isinstance(test.op, ast.And):  # the body needs every operand true
+                pos, neg = any(p > 0 for p in signs), all(p < 0 for p in signs)
+            else:  # Or: the body needs one; the else needs every operand false
+                pos, neg = all(p > 0 for p in signs), any(p < 0 for p in signs)
+            return 1 if pos else -1 if neg else 0
         if (isinstance(test, ast.Compare) and len(test.ops) == 1
                 and isinstance(test.ops[0], (ast.Is, ast.NotEq))
                 and self.is_cuda(test)):
