@@ -165,7 +165,8 @@ class SimulatedCuda:
         capability: ``(major, minor)`` compute capability (default ``(9, 0)``, Hopper);
             ``is_bf16_supported()`` is True from 8.0 on.
         cudnn_version: what ``torch.backends.cudnn.version()`` answers (default 92000).
-        cuda_version: what ``torch.version.cuda`` says (default ``"13.0"``).
+        cuda_version: what ``torch.version.cuda`` says (default ``"13.0"``; None: a
+            CPU-only build).
         available: False imitates a CUDA build that cannot use its GPUs (driver too old):
             ``is_available()`` is False and ``device_count()`` 0.
 
@@ -189,7 +190,7 @@ class SimulatedCuda:
 
     def __init__(self, gpu=None, *, device_count: int = 1, name: str | None = None,
                  capability: tuple[int, int] = (9, 0), cudnn_version: int = 92000,
-                 cuda_version: str = "13.0", available: bool = True):
+                 cuda_version: str | None = "13.0", available: bool = True):
         from .virtual import VirtualGPU
 
         self.device_count = _int_arg(device_count, "device_count", 1)
@@ -201,9 +202,9 @@ class SimulatedCuda:
             raise ValueError(f"capability must be a (major, minor) tuple of ints, got "
                              f"{capability!r}")
         self.cudnn_version = _int_arg(cudnn_version, "cudnn_version", 0)
-        if not isinstance(cuda_version, str):
-            raise TypeError(f"cuda_version must be a string such as '13.0', got "
-                            f"{cuda_version!r}")
+        if cuda_version is not None and not isinstance(cuda_version, str):
+            raise TypeError(f"cuda_version must be a string such as '13.0' (None: a CPU-only "
+                            f"build), got {cuda_version!r}")
         self.cuda_version = cuda_version
         if not isinstance(available, bool):
             raise TypeError(f"available must be True or False, got {available!r}")

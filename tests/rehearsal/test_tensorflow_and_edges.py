@@ -1,0 +1,204 @@
+"""Rehearsals of the TensorFlow-GPU branches (with a stand-in TensorFlow that has one GPU),
+the gauge's and gpu_visibility's edge cases, the CUDA probe's memory fraction, lesson 08's
+checker at its limits, and ddp_train.py's device choice."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import types
+
+import pytest
+import torch
+
+import helpers
+from helpers import batch_size as bs
+from helpers import environment, gauge
+from helpers.fake_nvml import FakeGpu, FakeNvml
+from helpers.gpu_visibility import gpu_visibility
+from helpers.memory import keras as memory_keras
+from helpers.memory.cuda_standin import SimulatedCuda
+
+from .test_timing_and_memory_paths import _check_real
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MiB, GiB = 1024**2, 1024**3
+
+
+@pytest.fixture(autouse=True)
+def _no_pollers():
+    yield
+    for kind in ("gauge", "watch"):
+        gauge._stop_poller(kind)
+
+
+# ------------------------------------------------------------------------- TensorFlow on a GPU
+def test_tensorflow_gpu_choices(fake_tf):
+    assert helpers.keras_mixed_policy() == "mixed_float16"
+    assert memory_keras._device(None) == "GPU:0"
+    assert environment._tf_memory_growth(fake_tf) == "grow on demand on 1 GPU(s)"
+    assert fake_tf.growth == ["/physical_device:GPU:0"]
+
+    def refuse(device, enable):
+        raise RuntimeError("Physical devices cannot be modified after being initialized")
+
+    fake_tf.config.experimental.set_memory_growth = refuse
+    assert environment._tf_memory_growth(fake_tf).startswith("already initialised")
+
+
+def test_device_report_lists_tensorflows_gpu(fake_tf):
+    report = helpers.device_report(tensorflow=True)
+    assert report.tensorflow == "2.21.0" and report.tf_built_with_cuda
+    assert report.tf_devices == ["/physical_device:CPU:0", "/physical_device:GPU:0"]
+
+
+def test_batch_size_probe_for_tensorflow_on_a_gpu_reads_nvml(fake_tf):
+    with FakeNvml(FakeGpu(total_bytes=24 * GiB, used_bytes=2 * GiB)):
+        probe = bs._probe_for("tensorflow", None, None)
+    assert probe.name == "TensorFlow GPU:0" and probe.stats
+    # the card's total from NVML; what TF does not hold counts as other
+    assert probe.capacity_bytes == 24 * GiB and probe.other == 2 * GiB - 256 * MiB
+
+
+def test_gauge_adds_tensorflows_tensors(cuda, fake_tf):
+    cuda.set_memory(0, allocated=GiB, reserved=GiB)
+    torch.cuda.current_device()
+    with FakeNvml(FakeGpu(used_bytes=3 * GiB)):
+        reading = helpers.read_memory("cuda")
+    assert reading.source == "NVML v2 + torch.cuda + TensorFlow"
+    assert dict(reading.bands) == {"tensors": GiB + 256 * MiB, "cache": 0,
+                                   "other": 2 * GiB - 256 * MiB}
+
+
+# ------------------------------------------------------------------------- gauge edges
+@pytest.mark.parametrize("gpu, fail, words", [
+    (FakeGpu(processes=[(1, None)]), (), "1 process(es) on this GPU; the driver hides"),
+    (FakeGpu(), "process_list_no_permission", "per-process memory: not reported"),
+    (FakeGpu(processes=[(999_999_999, GiB)]), (), "PIDs not visible in this container"),
+])
+def test_gauge_process_detail(cuda, gpu, fail, words):
+    torch.cuda.init()
+    with FakeNvml(gpu, fail=fail):
+        assert words in helpers.read_memory("cuda").detail
+
+
+def test_gauge_for_a_gpu_nvml_does_not_have_falls_back_to_ram(cuda):
+    torch.cuda.init()
+    with FakeNvml():
+        first = helpers.read_memory("cuda:0")
+        again = helpers.read_memory("cuda:0")  # torch's index for GPU 0 is cached
+        ram = helpers.read_memory("cuda:3")
+    assert first.bands == again.bands
+    assert ram.label == "RAM" and "NVML sees 1 GPU(s), so there is no GPU 3" in ram.detail
+
+
+def test_gauge_survives_a_torch_cuda_that_raises(cuda, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    torch.cuda.init()
+    monkeypatch.setattr(torch.cuda, "device_count", broken)
+    with FakeNvml():
+        reading = helpers.read_memory("cuda")  # identity mapping, statistics still read
+    assert reading.source == "NVML v2 + torch.cuda"
+    monkeypatch.setattr(torch.cuda, "is_initialized", broken)
+    gauge._torch_index.clear()
+    with FakeNvml():
+        assert helpers.read_memory("cuda").source == "NVML v2"
+
+
+# ------------------------------------------------------------------------- gpu_visibility edges
+@pytest.mark.parametrize("env, verdict, words", [
+    ({"CUDA_VISIBLE_DEVICES": "0"}, "usable", "selects 1 of 2 GPU(s)"),
+    ({"CUDA_VISIBLE_DEVICES": "GPU-5e1a7ed0-0000-4000-8000-000000000001"}, "usable",
+     "selects 1 of 2"),
+    ({"CUDA_VISIBLE_DEVICES": "MIG-1234,0"}, "broken", "torch sees 1 of the 2"),
+    ({"CUDA_VISIBLE_DEVICES": "nonsense,0"}, "hidden", "hides all 2 GPU(s)"),
+])
+def test_gpu_visibility_reads_cuda_visible_devices(env, verdict, words):
+    with SimulatedCuda(device_count=1):
+        v = gpu_visibility(nvml=FakeNvml([FakeGpu(), FakeGpu()]), environ=env)
+    assert v.verdict == verdict and words in v.message, v.message
+
+
+def test_gpu_visibility_edge_cases():
+    with SimulatedCuda():
+        partly_mig = gpu_visibility(nvml=FakeNvml([FakeGpu(), FakeGpu(mig=True)]), environ={})
+        nvml_breaks = FakeNvml()
+        nvml_breaks.nvmlSystemGetCudaDriverVersion = None  # an old binding: call missing
+        nvml_breaks.nvmlDeviceGetMigMode = lambda handle: 1 / 0  # a call that raises
+        still = gpu_visibility(nvml=nvml_breaks, environ={})
+    assert partly_mig.verdict == "usable" and "1 GPU(s) in MIG mode are not counted" in \
+        partly_mig.message
+    assert still.verdict == "usable"
+    with SimulatedCuda(cuda_version=None, available=False):
+        cpu_build = gpu_visibility(nvml=FakeNvml(), environ={})
+    assert cpu_build.verdict == "broken" and "CPU-only build" in cpu_build.message
+    with SimulatedCuda(available=False) as sim:
+        sim.ARCHS = ("sm_80", "sm_90")
+        old_gpu = gpu_visibility(nvml=FakeNvml(FakeGpu(compute_capability=(7, 5))), environ={})
+    assert "compute capability 7.5, below the 8.0" in old_gpu.message
+
+
+def test_gpu_visibility_arch_list_failure_uses_the_default_floor(monkeypatch):
+    with SimulatedCuda(capability=(7, 0)):
+        monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: 1 / 0)
+        v = gpu_visibility(nvml=FakeNvml(), environ={})
+    assert v.verdict == "broken" and "below the 7.5" in v.message
+
+
+# ------------------------------------------------------------------------- CUDA probe, checker
+def test_cuda_probe_plans_against_the_capped_share():
+    with SimulatedCuda("80GB") as sim:
+        sim.set_memory(0, reserved=GiB, other=2 * GiB)
+        torch.cuda.set_per_process_memory_fraction(0.5)
+        probe = bs._CudaProbe(0)
+    assert probe.other == 2 * GiB and probe.capacity_bytes == 2 * GiB + 40 * 10**9
+    assert probe.name == "cuda:0 (NVIDIA simulated GPU)"
+
+
+def test_real_gpu_check_skips_when_other_processes_fill_the_card(monkeypatch):
+    with SimulatedCuda("H200") as sim:
+        sim.set_memory(0, other=100 * GiB)  # more than an L40S holds
+        result, fake = _check_real(sim, monkeypatch, need=GiB)
+    assert result is None and fake.attempts == []
+
+
+def test_real_gpu_check_that_does_not_fit_even_uncapped(monkeypatch):
+    with SimulatedCuda("H200") as sim:
+        result, fake = _check_real(sim, monkeypatch, need=200 * GiB)
+    assert fake.attempts[-1] == 1.0
+    assert (result["fits"], result["needed_bytes"], result["updates"]) == (False, None, 0)
+
+
+# ------------------------------------------------------------------------- ddp_train.py
+def _ddp_train(monkeypatch):
+    spec = importlib.util.spec_from_file_location(
+        "ddp_train_rehearsal", os.path.join(ROOT, "scripts", "ddp_train.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    calls = []
+    monkeypatch.setattr(module, "dist", types.SimpleNamespace(
+        init_process_group=lambda backend, **kw: calls.append((backend, kw)),
+        get_rank=lambda: 0, get_world_size=lambda: 1))
+    return module, calls
+
+
+def test_ddp_train_joins_nccl_on_its_local_gpu(monkeypatch):
+    module, calls = _ddp_train(monkeypatch)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with SimulatedCuda(device_count=2) as sim:
+        rank, world, device = module.setup_distributed()
+    assert device == torch.device("cuda", 1)
+    assert calls == [("nccl", {"device_id": torch.device("cuda", 1)})]
+    assert ("set_device", "cuda:1") in sim.log
+
+
+def test_ddp_train_refuses_a_local_rank_without_a_gpu(monkeypatch):
+    module, calls = _ddp_train(monkeypatch)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with SimulatedCuda(device_count=1), pytest.raises(SystemExit, match="sees 1 GPU"):
+        module.setup_distributed()
+    assert calls == []
