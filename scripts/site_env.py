@@ -279,13 +279,13 @@ def setup(python: str, venv: Path, requirements: Path, wheelhouse: str | None,
         if wrong:
             raise SiteError(f"pip installed {', '.join(wrong)} into {venv}: the site's "
                             "framework must be used; report this as a bug")
+        check = subprocess.run([str(env_python), "-m", "pip", "check"], capture_output=True,
+                               text=True)
+        if check.returncode != 0:
+            print("pip check (the site's own packages may disagree; the kit's tests decide):"
+                  "\n" + check.stdout.strip())
     else:
         print("nothing to install: the site has every package the kit needs")
-    check = subprocess.run([str(env_python), "-m", "pip", "check"], capture_output=True,
-                           text=True)
-    if check.returncode != 0:
-        print("pip check (the site's own packages may disagree; the kit's tests decide):\n"
-              + check.stdout.strip())
 
     verified = verify(env_python, probe)
     stamp.write_text(json.dumps({"key": key, "base": probe["executable"],

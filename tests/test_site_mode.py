@@ -96,10 +96,8 @@ def run_setup(venv, requirements, wheelhouse):
         capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture(scope="module")
-def site_env(tmp_path_factory):
+def build_site_env(tmp):
     """A site environment over this test run's own Python (a venv), from a tiny wheelhouse."""
-    tmp = tmp_path_factory.mktemp("site")
     wheelhouse = tmp / "wheelhouse"
     wheelhouse.mkdir()
     fake_wheel(wheelhouse)
@@ -109,22 +107,21 @@ def site_env(tmp_path_factory):
     venv = tmp / "venv-site"
     done = run_setup(venv, requirements, wheelhouse)
     assert done.returncode == 0, done.stdout + done.stderr
-    return venv, done.stdout, (requirements, wheelhouse)
+    return venv, done.stdout, requirements, wheelhouse
 
 
-def test_site_env_sees_the_parent_venv_and_installs_only_what_is_missing(site_env):
-    venv, out, _ = site_env
+def check_site_env(venv, out):
+    """torch from the parent venv, helpers from the checkout, the missing package installed."""
     assert sys.prefix != sys.base_prefix, "the test needs to run from a virtual environment"
     assert "a virtual environment" in out
     assert "installing what the site lacks: gl-site-probe==1.0" in out
     assert "installed 1 packages into venv-site: gl-site-probe" in out
-    python = venv / "bin" / "python"
     code = ("import json, sys, torch, helpers, nbclient, gl_site_probe; print(json.dumps("
             "[sys.prefix, torch.__file__, helpers.__file__, nbclient.__file__, "
             "gl_site_probe.__file__]))")
     prefix, torch_file, helpers_file, nbclient_file, probe_file = json.loads(
-        subprocess.run([str(python), "-c", code], capture_output=True, text=True,
-                       check=True).stdout)
+        subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True,
+                       text=True, check=True).stdout)
     assert Path(prefix) == venv
     assert Path(torch_file).is_relative_to(Path(sys.prefix)), "torch from the parent venv"
     assert Path(nbclient_file).is_relative_to(Path(sys.prefix))
@@ -132,10 +129,43 @@ def test_site_env_sees_the_parent_venv_and_installs_only_what_is_missing(site_en
     assert Path(probe_file).is_relative_to(venv), "the missing package went into the new env"
 
 
-def test_a_second_setup_is_a_no_op(site_env):
-    venv, _, (requirements, wheelhouse) = site_env
-    done = run_setup(venv, requirements, wheelhouse)
-    assert done.returncode == 0 and "venv-site is up to date" in done.stdout, done.stdout
+def run_notebook_without_tensorflow(venv, tmp):
+    """Execute NOTEBOOK_CELLS in a kernel of ``venv`` that cannot import TensorFlow."""
+    hide = tmp / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(HIDE_TF)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS])
+    path = tmp / "no_tf.ipynb"
+    nbformat.write(nb, path)
+    runner = ("import sys, nbformat\nfrom nbclient import NotebookClient\n"
+              "nb = nbformat.read(sys.argv[1], as_version=4)\n"
+              "NotebookClient(nb, timeout=120, kernel_name='python3').execute()\n"
+              "nbformat.write(nb, sys.argv[1])")
+    env = dict(os.environ, PYTHONPATH=str(hide), CUDA_VISIBLE_DEVICES="")
+    subprocess.run([str(venv / "bin" / "python"), "-c", runner, str(path)], cwd=tmp,
+                   env=env, check=True, timeout=300)
+    return "".join(o.get("text", "") for cell in nbformat.read(path, as_version=4).cells
+                   for o in cell.outputs)
+
+
+@pytest.mark.slow
+def test_site_env_over_this_venv_runs_a_notebook_without_tensorflow(tmp_path):
+    # one test (not a module fixture): pytest-xdist would build the environment per worker
+    venv, out, requirements, wheelhouse = build_site_env(tmp_path)
+    check_site_env(venv, out)
+
+    again = run_setup(venv, requirements, wheelhouse)
+    assert again.returncode == 0 and "venv-site is up to date" in again.stdout, again.stdout
+
+    text = run_notebook_without_tensorflow(venv, tmp_path)
+    assert f"kernel: {venv}/bin/python" in text
+    assert f"torch from: {sys.prefix}" in text
+    assert f"helpers from: {ROOT}/helpers" in text
+    assert "setup, tensorflow: not installed" in text
+    assert "TensorFlow is not installed; lessons 02, 03 and 07 need it." in text
+    assert "TensorFlow cells skip: No module named 'tensorflow'" in text
+    assert "find_spec: None []" in text
+    assert "torch works: 3.0" in text
 
 
 def test_plain_system_site_packages_would_not_see_the_parent(tmp_path):
@@ -147,37 +177,10 @@ def test_plain_system_site_packages_would_not_see_the_parent(tmp_path):
     assert done.returncode != 0 and "No module named 'torch'" in done.stderr
 
 
-def test_a_missing_package_without_a_wheel_is_named(site_env, tmp_path):
+def test_a_missing_package_without_a_wheel_is_named(tmp_path):
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("gl-not-there==1.0\n")
     done = run_setup(tmp_path / "venv", requirements, tmp_path)
     assert done.returncode == 1
     assert "the site's Python lacks gl-not-there and" in done.stderr
     assert "make wheelhouse SITE=1" in done.stderr
-
-
-def test_a_notebook_runs_in_the_site_env_without_tensorflow(site_env, tmp_path):
-    venv, _, _ = site_env
-    hide = tmp_path / "hide"
-    hide.mkdir()
-    (hide / "sitecustomize.py").write_text(HIDE_TF)
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS])
-    path = tmp_path / "no_tf.ipynb"
-    nbformat.write(nb, path)
-    runner = ("import sys, nbformat\nfrom nbclient import NotebookClient\n"
-              "nb = nbformat.read(sys.argv[1], as_version=4)\n"
-              "NotebookClient(nb, timeout=120, kernel_name='python3').execute()\n"
-              "nbformat.write(nb, sys.argv[1])")
-    env = dict(os.environ, PYTHONPATH=str(hide), CUDA_VISIBLE_DEVICES="")
-    subprocess.run([str(venv / "bin" / "python"), "-c", runner, str(path)], cwd=tmp_path,
-                   env=env, check=True, timeout=300)
-    text = "".join(o.get("text", "") for cell in nbformat.read(path, as_version=4).cells
-                   for o in cell.outputs)
-    assert f"kernel: {venv}/bin/python" in text
-    assert f"torch from: {sys.prefix}" in text
-    assert f"helpers from: {ROOT}/helpers" in text
-    assert "setup, tensorflow: not installed" in text
-    assert "TensorFlow is not installed; lessons 02, 03 and 07 need it." in text
-    assert "TensorFlow cells skip: No module named 'tensorflow'" in text
-    assert "find_spec: None []" in text
-    assert "torch works: 3.0" in text
