@@ -207,11 +207,23 @@ def limit_inside_grid(oom: dict) -> list[str]:
             if not first < oom[key] < last]
 
 
+def _installed_version(*names: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in names:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            pass
+    return None
+
+
 def hardware() -> dict:
     props = torch.cuda.get_device_properties(0)
     hw = {"gpu": props.name, "total_bytes": int(props.total_memory),
           "torch": torch.__version__, "cuda": torch.version.cuda,
-          "cudnn": str(torch.backends.cudnn.version()), "python": platform.python_version()}
+          "cudnn": str(torch.backends.cudnn.version()), "python": platform.python_version(),
+          "tensorflow": _installed_version("tensorflow", "tensorflow-cpu")}
     try:
         import pynvml
 
@@ -225,7 +237,7 @@ def hardware() -> dict:
 
 def run_all(write: bool = True) -> dict:
     results = {
-        "kind": KIND, "script": "tests/gpu/test_memory_gpu.py",
+        "kind": KIND, "script": "tests/gpu/test_memory_gpu.py", "dry_run": False,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
         "hardware": hardware(), "peak_tolerance": PEAK_TOLERANCE,
         "peaks": [peak_check(name) for name in MODELS], "oom": oom_check(),

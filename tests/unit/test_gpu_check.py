@@ -83,7 +83,8 @@ def test_dry_run_end_to_end_writes_valid_records(gpu_check, tmp_path):
         [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--out", str(out),
          "--results-dir", str(results), "--hide-tensorflow", "--notebooks", str(good), str(bad),
          "--gpu-tests", "tests/gpu/test_ddp_nccl_gpu.py"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})  # a CPU dry run on any machine
     assert done.returncode == 1, done.stdout + done.stderr  # bad.ipynb fails the part
     record = json.loads((out / "custom.json").read_text())
     assert gpu_check.validate_record(record) == []
@@ -222,7 +223,8 @@ def test_gpu_tests_fail_when_broken_and_skip_when_hidden(tmp_path, verdict, expe
         [sys.executable, "-m", "pytest", "tests/gpu/test_ddp_nccl_gpu.py", "-m", "gpu", "-q",
          "-rEs", "-p", "fake_verdict", "-p", "no:cacheprovider"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}",
+             "CUDA_VISIBLE_DEVICES": ""})  # as hidden as the fake verdict says
     assert expected in done.stdout, done.stdout + done.stderr
     if verdict == "broken":
         assert done.returncode == 1 and "1 error" in done.stdout
