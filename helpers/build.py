@@ -38,7 +38,8 @@ DIST = ROOT / "dist"
 # What a learner bundle holds (top-level paths, tracked files only) and what the solutions
 # bundle, handed out after the workshop, adds. Neither holds the instructor notes (docs/).
 LEARNER_BUNDLE = ["README.md", "LICENSE", "CONTRIBUTING.md", "Makefile", "pyproject.toml",
-                  "requirements.txt", "requirements-gpu.txt", "environment.yml", "binder",
+                  "requirements.txt", "requirements-gpu.txt", "requirements-gpu-tf.txt",
+                  "environment.yml", "binder",
                   "helpers", "lessons", "scripts", "benchmarks",
                   "tests/gpu/results"]  # recorded GPU results lessons 05-09 show, once there
 SOLUTIONS_EXTRA = ["solutions"]

@@ -9,12 +9,17 @@ writes, per environment, each distribution's name, version, the shared libraries
 installs and the sorted directories holding them (``nvidia/cudnn/lib``, ``torch/lib``...).
 
 ``tests/unit/test_gpu_stack.py`` reads the committed description offline and fails when two
-distributions of one environment install shared libraries into the same directory (two
-cuDNN or two NCCL builds overwriting each other's files).
+distributions of one environment install the same library into one directory (two cuDNN or
+two NCCL builds overwriting each other's files). Several wheels of one toolkit sharing a
+folder, each with its own libraries (CUDA 13's ``nvidia/cu13/lib``), is not a collision.
 
-Regenerate after changing requirements-gpu*.txt (needs https://pypi.org)::
+Regenerate after changing requirements-gpu*.txt (needs https://pypi.org and
+https://download.pytorch.org)::
 
     python scripts/gpu_stack.py                      # writes tests/data/gpu_stack.json
+
+On a machine that reaches only PyPI (as the one that wrote the committed file), add
+``--find-links tf=DIR`` with DIR holding torch's CPU wheel (see the end of this text).
 
 The description of the pre-split requirements-gpu.txt (torch==2.13.0 together with
 tensorflow[and-cuda]==2.21.0 in one environment) was written with::

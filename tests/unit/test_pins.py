@@ -59,3 +59,11 @@ def test_cpu_torch_comes_from_torchs_cpu_index():
     assert options == [["--extra-index-url", "https://download.pytorch.org/whl/cpu"]]
     for name in ("requirements.txt", "requirements-gpu.txt"):
         assert not any(line.startswith("-") for line in (ROOT / name).read_text().splitlines())
+
+
+def test_learner_bundle_ships_every_requirements_file():
+    """The README's GPU commands name requirements-gpu-tf.txt: the bundle must hold it."""
+    from helpers import build
+
+    for name in ("requirements.txt", *GPU_FILES):
+        assert name in build.LEARNER_BUNDLE, name
