@@ -178,10 +178,11 @@ class FakeNvml(types.ModuleType):
         fail: a failure name or several (see :data:`FAILURES` and the module docstring).
         this_process_bytes: if given, a process with this process's pid and that memory is
             added to GPU 0's process list.
+        bytes_names: answer names as ``bytes``, as nvidia-ml-py before 11.515 did.
     """
 
     def __init__(self, gpus=None, *, driver: str = "580.95.05", cuda_driver: int = 13000,
-                 fail=(), this_process_bytes: int | None = None):
+                 fail=(), this_process_bytes: int | None = None, bytes_names: bool = False):
         super().__init__("pynvml", "fake pynvml (helpers.fake_nvml)")
         if gpus is None:
             gpus = [FakeGpu()]
@@ -207,6 +208,7 @@ class FakeNvml(types.ModuleType):
         self.driver = driver
         self.cuda_driver = cuda_driver
         self.failures = failures
+        self.bytes_names = bool(bytes_names)
         self.log: list[tuple] = []
         self.initialised = 0
         self.__dict__.update(_ERRORS)
@@ -290,7 +292,8 @@ class FakeNvml(types.ModuleType):
 
     def nvmlDeviceGetName(self, handle) -> str:  # noqa: N802
         self._note("nvmlDeviceGetName", getattr(handle, "index", None))
-        return self._gpu(handle).name
+        name = self._gpu(handle).name
+        return name.encode() if self.bytes_names else name
 
     def nvmlDeviceGetUUID(self, handle) -> str:  # noqa: N802
         self._note("nvmlDeviceGetUUID", getattr(handle, "index", None))

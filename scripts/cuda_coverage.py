@@ -24,7 +24,8 @@ Its CUDA-only lines are then the statements that run only when it holds:
 1. the body of ``if C:`` / ``elif C:`` / ``while C:`` and of ``with C:``; for a *negated*
    condition (``not C``, ``C is None``, ``C != "cuda"``) the ``else`` body instead (``C and
    X`` counts as C, ``C or X`` only when X is one too; ``isinstance(...)`` type checks and
-   strings inside a tuple/list such as ``kind in ("cpu", "cuda")`` are not CUDA conditions),
+   ``x in (...)`` tests against a literal tuple/list such as ``kind in ("cpu", "cuda")`` are
+   not CUDA conditions),
    and, when
    the ``if`` body ends in ``return``/``raise``/``continue``/``break`` and has no ``else``,
    the statements after that ``if`` in the same block (``if nv is None: return None``);
@@ -95,7 +96,11 @@ class _Finder:
             if id(sub) in skip:
                 continue
             if isinstance(sub, (ast.Tuple, ast.List, ast.Set)) or (
-                    isinstance(sub, ast.Call) and _dotted(sub.func) == "isinstance"):
+                    isinstance(sub, ast.Call) and _dotted(sub.func) == "isinstance") or (
+                    isinstance(sub, ast.Compare)
+                    and all(isinstance(op, (ast.In, ast.NotIn)) for op in sub.ops)
+                    and all(isinstance(c, (ast.Tuple, ast.List, ast.Set))
+                            for c in sub.comparators)):
                 # a type check, or a device kind among several: not a CUDA condition
                 skip.update(id(s) for s in ast.walk(sub) if s is not sub)
                 continue
@@ -150,8 +155,10 @@ class _Finder:
         if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and \
                 stmt.value is not None and self.is_cuda(stmt.value):
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            for t in targets:
-                for sub in ast.walk(t):
+            for t in targets:  # the names assigned (report.x, not report)
+                for sub in t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]:
+                    if isinstance(sub, ast.Starred):
+                        sub = sub.value
                     if isinstance(sub, (ast.Name, ast.Attribute)):
                         self._tainted_stack[-1].add(_dotted(sub))
 

@@ -202,3 +202,95 @@ def test_ddp_train_refuses_a_local_rank_without_a_gpu(monkeypatch):
     with SimulatedCuda(device_count=1), pytest.raises(SystemExit, match="sees 1 GPU"):
         module.setup_distributed()
     assert calls == []
+
+
+# ------------------------------------------------------------------------- small branches
+def test_amp_settings_for_cuda_on_a_machine_without_one():
+    s = helpers.amp_settings("cuda")
+    assert (s.dtype, s.use_scaler) == (torch.float16, True) and "no CUDA GPU here" in s.reason
+
+
+def test_nvml_decodes_old_bindings_bytes_names_and_checks_indices():
+    with FakeNvml(FakeGpu("Tesla T4"), bytes_names=True):
+        assert helpers.nvml.list_gpus()[0].name == "Tesla T4"
+        assert helpers.nvml.gpu_status(0).name == "Tesla T4"
+        with pytest.raises(ValueError, match="index"):
+            helpers.nvml.gpu_utilization(-1)
+
+
+def test_gauge_leaves_tensorflow_alone_until_its_runtime_runs(cuda, fake_tf, monkeypatch):
+    assert gauge._tf_current(0) == 256 * MiB
+    assert gauge._tf_current(1) is None  # TF sees one GPU
+    monkeypatch.setattr(fake_tf, "context_handle", None)
+    assert gauge._tf_current(0) is None
+
+    def broken(device):
+        raise RuntimeError("GPU:0 is gone")
+
+    monkeypatch.setattr(fake_tf, "context_handle", object())
+    monkeypatch.setattr(fake_tf.config.experimental, "get_memory_info", broken)
+    assert gauge._tf_current(0) is None
+
+
+def test_real_gpu_check_lets_other_errors_of_the_uncapped_run_through(monkeypatch):
+    with SimulatedCuda("H200") as sim:
+        sim.set_memory(0, other=GiB)
+        monkeypatch.setattr(sim, "allocate", _fail_uncapped(sim, sim.allocate))
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            _check_real(sim, monkeypatch, need=60 * GiB)
+
+
+def _fail_uncapped(sim, allocate):
+    def wrapped(n, device=None):
+        if sim.devices[0].fraction == 1.0:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return allocate(n, device)
+    return wrapped
+
+
+def test_gpu_visibility_without_torch(monkeypatch):
+    nv = FakeNvml()
+    with monkeypatch.context() as m:
+        m.setitem(__import__("sys").modules, "torch", None)
+        v = gpu_visibility(nvml=nv, environ={})
+    assert v.verdict == "broken" and "torch is not installed" in v.message
+
+
+def test_cudnn_report_flags_a_sub_library_from_another_folder(cuda, monkeypatch, tmp_path):
+    from helpers import cuda_libs
+
+    torch_dir = tmp_path / "torch" / "nvidia" / "cudnn" / "lib"
+    torch_dir.mkdir(parents=True)
+    for stem in cuda_libs.CUDNN_SUBLIBRARIES:
+        if stem != "libcudnn_engines_tensor_ir":
+            (torch_dir / f"{stem}.so.9").touch()
+    tf_dir = tmp_path / "tf" / "nvidia" / "cudnn" / "lib"
+    maps = "\n".join(
+        f"7f00-7f01 r-xp 0 08:01 1 {torch_dir / (stem + '.so.9')}"
+        for stem in cuda_libs.CUDNN_SUBLIBRARIES if stem != "libcudnn_engines_tensor_ir"
+    ) + f"\n7f02-7f03 r-xp 0 08:01 2 {tf_dir / 'libcudnn_engines_tensor_ir.so.9'}\n"
+    ran = []
+    real_randn, real_conv = torch.randn, torch.nn.functional.conv2d
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "randn", lambda *s, device=None, **k: (
+        ran.append(str(device)), real_randn(*s, **k))[1])
+    monkeypatch.setattr(torch.nn.functional, "conv2d", lambda *a, **k: (
+        ran.append("conv2d"), real_conv(*a, **k))[1])
+    real_loaded = cuda_libs.loaded_libraries
+    monkeypatch.setattr(cuda_libs, "loaded_libraries",
+                        lambda pattern: real_loaded(pattern, maps_text=maps))
+    monkeypatch.setattr(cuda_libs, "torch_cudnn_dir", lambda: torch_dir)
+    report = cuda_libs.cudnn_report()
+    assert ran == ["cuda", "cuda", "conv2d"]  # one convolution on the GPU first
+    assert report.checked
+    assert any("libcudnn_engines_tensor_ir is missing" in p for p in report.problems)
+    assert any("libcudnn_engines_tensor_ir loaded from" in p and "tf" in p
+               for p in report.problems)
+
+
+def test_cudnn_report_without_cudnn(cuda, monkeypatch):
+    from helpers import cuda_libs
+
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: False)
+    report = cuda_libs.cudnn_report()
+    assert not report.checked and "cudnn.is_available() is False" in report.reason
