@@ -47,7 +47,8 @@ help:
 ifeq ($(SITE),1)
 # site_env.py decides each time (in a fraction of a second) whether anything changed: the
 # site's Python, its torch/TensorFlow, requirements-site.txt or the wheelhouse
-$(STAMP): FORCE
+.PHONY: site-env-check
+$(STAMP): site-env-check
 	$(PYTHON) scripts/site_env.py setup --python $(PYTHON) --venv $(VENV) \
 	  $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE))
 else
@@ -78,8 +79,6 @@ endif
 endif
 
 setup: $(STAMP)
-
-FORCE:
 
 # ---------------------------------------------------------------- learners
 # Learners work in my-lessons/ (git-ignored): lessons are copied there once and never
