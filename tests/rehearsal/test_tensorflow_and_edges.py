@@ -294,3 +294,17 @@ def test_cudnn_report_without_cudnn(cuda, monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: False)
     report = cuda_libs.cudnn_report()
     assert not report.checked and "cudnn.is_available() is False" in report.reason
+
+
+def test_gpu_setup_verify_checks_visibility_on_a_cuda_build(monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location(
+        "gpu_setup_rehearsal", os.path.join(ROOT, "scripts", "gpu_setup.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ran = []
+    monkeypatch.setattr(module.subprocess, "run", lambda cmd, **kw: (
+        ran.append(cmd[1:]), types.SimpleNamespace(returncode=1))[1])
+    with SimulatedCuda(cuda_version="13.0"):
+        assert module.verify() == 1  # gpu_visibility's verdict decides
+    assert f"torch {torch.__version__}: CUDA 13.0" in capsys.readouterr().out
+    assert ran == [["-m", "helpers.gpu_visibility"]]
