@@ -28,7 +28,7 @@ and these failures (``fail=`` one name or several):
 * ``"uuid_unsupported"``: ``nvmlDeviceGetUUID`` raises ``NVMLError_NotSupported``.
 
 Used by ``tests/rehearsal`` together with :class:`helpers.SimulatedCuda` (the default UUIDs
-match: ``"GPU-" + helpers.memory.cuda_standin.simulated_uuid(i)``).
+match: ``"GPU-" + simulated_uuid(i)``). Importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -38,11 +38,16 @@ import sys
 import types
 from dataclasses import dataclass, field
 
-from .memory.cuda_standin import simulated_uuid
-
-__all__ = ["FakeNvml", "FakeGpu", "FAILURES", "NVMLError", "NVMLLibraryMismatchError"]
+__all__ = ["FakeNvml", "FakeGpu", "FAILURES", "NVMLError", "NVMLLibraryMismatchError",
+           "simulated_uuid"]
 
 GiB = 1024**3
+
+
+def simulated_uuid(index: int) -> str:
+    """The UUID of simulated GPU ``index`` in torch's spelling (no ``GPU-`` prefix):
+    :class:`helpers.SimulatedCuda` reports it, the fake NVML ``"GPU-" + simulated_uuid(i)``."""
+    return f"5e1a7ed0-0000-4000-8000-{index:012x}"
 
 FAILURES = frozenset({
     "library_not_found", "driver_not_loaded", "memory_v2_unsupported", "process_list_mismatch",

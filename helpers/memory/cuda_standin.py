@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..fake_nvml import simulated_uuid
 from .capacity import resolve_capacity
 
 __all__ = ["SimulatedCuda", "SimulatedDevice", "SimulatedDeviceProperties", "simulated_uuid"]
@@ -50,12 +51,6 @@ _MISSING = object()
 _perf_counter = time.perf_counter  # Event times: the real clock, never a watched one
 _active_lock = threading.Lock()
 _active: list[SimulatedCuda] = []
-
-
-def simulated_uuid(index: int) -> str:
-    """The UUID a simulated GPU ``index`` reports (torch's spelling: no ``GPU-`` prefix;
-    :mod:`helpers.fake_nvml` reports the same one as ``"GPU-" + simulated_uuid(index)``)."""
-    return f"5e1a7ed0-0000-4000-8000-{index:012x}"
 
 
 @dataclass(frozen=True)
