@@ -225,6 +225,7 @@ class SimulatedCuda:
             for i in range(self.device_count)
         ]
         self.log: list[tuple] = []
+        self._threads: list[int] = []  # the thread of each log entry
         self.initialized = False
         self.current = 0
         self._saved: dict[tuple[object, str], object] = {}
@@ -234,6 +235,7 @@ class SimulatedCuda:
 
     # ------------------------------------------------------------------ helpers
     def _note(self, *entry) -> None:
+        self._threads.append(threading.get_ident())  # before the entry: same length
         self.log.append(tuple(entry))
 
     def _initialise(self) -> None:
@@ -328,6 +330,11 @@ class SimulatedCuda:
             raise ValueError(f"n_bytes ({n}) is more than device {index} has allocated "
                              f"({d.allocated_bytes})")
         d.allocated_bytes -= n
+
+    def clear_log(self) -> None:
+        """Forget the calls logged so far."""
+        self.log.clear()
+        self._threads.clear()
 
     def calls(self, name: str) -> list[tuple]:
         """The log entries of one call, e.g. ``sim.calls("synchronize")``."""
@@ -479,17 +486,25 @@ class SimulatedCuda:
             d.rng_state = torch.full((16,), int(seed) % 256, dtype=torch.uint8)
 
     # ------------------------------------------------------------------ clock
-    def watch_clock(self) -> _ClockWatch:
+    def watch_clock(self, *, all_threads: bool = False) -> _ClockWatch:
         """A context manager that logs ``("clock", name)`` each time ``time.perf_counter``,
         ``time.perf_counter_ns``, ``time.monotonic``, ``time.monotonic_ns`` or
-        ``timeit.default_timer`` is read (by any thread) inside it."""
-        return _ClockWatch(self)
+        ``timeit.default_timer`` is read inside it: by the thread that entered it, or by any
+        thread with ``all_threads=True``."""
+        if not isinstance(all_threads, bool):
+            raise TypeError(f"all_threads must be True or False, got {all_threads!r}")
+        return _ClockWatch(self, all_threads)
 
     def clock_reads_after(self, call: str = "synchronize") -> list[bool]:
-        """For each ``clock`` entry of the log: was ``call`` the CUDA call logged last before
-        it (ignoring other clock reads)? ``all(...)`` means every read followed ``call``."""
+        """For each ``clock`` entry the calling thread logged: was ``call`` the CUDA call this
+        thread logged last before it (ignoring other clock reads)? ``all(...)`` means every
+        read followed ``call``. Entries of other threads (a gauge's poller) are ignored."""
+        me = threading.get_ident()
         out, last = [], None
-        for entry in self.log:
+        threads = self._threads[len(self._threads) - len(self.log):]  # log may be cleared
+        for entry, thread in zip(self.log, threads, strict=True):
+            if thread != me:
+                continue
             if entry[0] == "clock":
                 out.append(last == call)
             else:
@@ -558,13 +573,16 @@ _CLOCKS = ((time, "perf_counter"), (time, "perf_counter_ns"), (time, "monotonic"
 
 
 class _ClockWatch:
-    def __init__(self, sim: SimulatedCuda):
+    def __init__(self, sim: SimulatedCuda, all_threads: bool):
         self.sim = sim
+        self.all_threads = all_threads
+        self._thread = None
         self._saved: list[tuple[object, str, object]] = []
 
     def __enter__(self) -> SimulatedCuda:
         if self._saved:
             raise RuntimeError("this clock watch is already active")
+        self._thread = threading.get_ident()
         for module, name in _CLOCKS:
             original = getattr(module, name)
             self._saved.append((module, name, original))
@@ -573,10 +591,11 @@ class _ClockWatch:
 
     def _wrap(self, name, original):
         label = "perf_counter" if name == "default_timer" else name
-        note = self.sim._note
+        note, everyone, owner = self.sim._note, self.all_threads, self._thread
 
         def clock():
-            note("clock", label)
+            if everyone or threading.get_ident() == owner:
+                note("clock", label)
             return original()
 
         clock.__wrapped__ = original

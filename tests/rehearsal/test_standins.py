@@ -178,3 +178,21 @@ def test_fake_nvml_errors_behave_like_pynvml():
     with pytest.raises(ValueError, match="used_bytes"):
         FakeGpu(total_bytes=10, used_bytes=11)
     assert "process_list_mismatch" in FAILURES
+
+
+def test_the_clock_watch_follows_its_own_thread_unless_asked():
+    import threading
+
+    with SimulatedCuda() as sim:
+        for everyone, expected in ((False, 1), (True, 2)):
+            sim.clear_log()
+            with sim.watch_clock(all_threads=everyone):
+                other = threading.Thread(target=time.perf_counter)
+                other.start()
+                other.join()
+                torch.cuda.synchronize()
+                time.perf_counter()
+            assert len(sim.calls("clock")) == expected
+            assert sim.clock_reads_after() == [True]  # only this thread's reads count
+        with pytest.raises(TypeError, match="all_threads"):
+            sim.watch_clock(all_threads=1)
