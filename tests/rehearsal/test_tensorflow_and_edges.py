@@ -308,3 +308,14 @@ def test_gpu_setup_verify_checks_visibility_on_a_cuda_build(monkeypatch, capsys)
         assert module.verify() == 1  # gpu_visibility's verdict decides
     assert f"torch {torch.__version__}: CUDA 13.0" in capsys.readouterr().out
     assert ran == [["-m", "helpers.gpu_visibility"]]
+
+
+def test_gauge_without_nvml_or_torch_statistics_has_no_gpu_reading(cuda, monkeypatch):
+    assert gauge._cuda_reading(0, None) is None  # CUDA not started, no NVML memory
+
+    def broken():
+        raise RuntimeError("CUDA driver error")
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", broken)
+    with FakeNvml(FakeGpu(processes=[(999_999_999, GiB)])):  # a PID that is not here
+        assert "PIDs not visible in this container" in helpers.read_memory("cuda").detail
