@@ -187,3 +187,24 @@ def test_check_training_runs_for_real_only_on_a_gpu_with_the_cards_memory(monkey
         check = helpers.check_training(oom.original_step, gpu="L40S", device="cuda")
     assert chosen == ["real" if real else "virtual"] and check.fits
     assert "on cuda" in check.small_scale
+
+
+def test_find_batch_size_agrees_on_the_cuda_and_the_virtual_path(monkeypatch):
+    """Same step, same virtual card: the finder reading torch.cuda (as on a real GPU) and the
+    finder reading the VirtualGPU directly find the same batch size."""
+    from helpers.memory import state
+
+    def step(batch):  # 1 MiB of activations per sample, plus a 64 MiB "model"
+        x = torch.empty(batch, 256, 1024)
+        w = torch.empty(16, 1024, 1024)
+        del x, w
+
+    with helpers.VirtualGPU("1 GiB", device="cpu") as gpu:
+        virtual = helpers.find_batch_size(step, start=32, multiple_of=8)
+        with SimulatedCuda(gpu) as sim:
+            monkeypatch.setattr(bs, "warm_up_cuda", lambda device: None)
+            monkeypatch.setattr(state, "current_virtual_gpu", lambda: None)
+            real = helpers.find_batch_size(step, start=32, multiple_of=8)
+    assert real.batch_size == virtual.batch_size > 0
+    assert sim.calls("max_memory_reserved") and sim.calls("reset_peak_memory_stats")
+    assert "cuda:0" in real.text() and "VirtualGPU" in virtual.text()
