@@ -13,6 +13,10 @@ print with a tilde (``~12.3 ms``, ``~1.8x``)::
 Times print in one fixed unit (milliseconds by default), so a table's layout does not change
 from machine to machine, only its ``~`` numbers. No framework is imported unless ``sync``
 names a device (then torch).
+
+GPU work is asynchronous, so every timer in the kit (:func:`compare_times`,
+``helpers.throughput.compare``, ``helpers.StepTimer``) waits through :func:`sync_function`
+before each clock read: pass ``sync=device`` whenever the timed work runs on a GPU.
 """
 
 from __future__ import annotations
