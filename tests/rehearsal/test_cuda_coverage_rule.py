@@ -78,3 +78,15 @@ def test_list_mode_prints_every_file_and_a_total(capsys):
     out = capsys.readouterr().out
     assert "helpers/nvml.py" in out and out.rstrip().splitlines()[-1].startswith("total: ")
     assert "helpers/fake_nvml.py" not in out  # the stand-ins are tools, not CUDA code
+
+
+def test_min_fails_below_the_floor(tmp_path, capsys):
+    import coverage
+
+    data = coverage.CoverageData(basename=str(tmp_path / ".coverage"))
+    data.add_lines({os.path.join(ROOT, "helpers", "nvml.py"): [1]})  # no CUDA-only line ran
+    data.write()
+    assert cuda_coverage.main(["--data-file", str(tmp_path / ".coverage"), "--min", "0.8"]) == 1
+    out = capsys.readouterr().out
+    assert "CUDA rehearsal coverage: 0 of " in out and "below the floor --min 80%" in out
+    assert cuda_coverage.main(["--data-file", str(tmp_path / ".coverage"), "--min", "0"]) == 0
