@@ -287,6 +287,13 @@ def setup(python: str, venv: Path, requirements: Path, wheelhouse: str | None,
     else:
         print("nothing to install: the site has every package the kit needs")
 
+    if probe["torch"] and not (venv / "bin" / "torchrun").exists():
+        # torchrun of this environment (helpers.launch looks next to sys.executable): the
+        # site's own torchrun would start the workers with the site's Python
+        (venv / "bin" / "torchrun").write_text(
+            f"#!{env_python}\nimport sys\nfrom torch.distributed.run import main\n\n"
+            "sys.exit(main())\n")
+        (venv / "bin" / "torchrun").chmod(0o755)
     verified = verify(env_python, probe)
     stamp.write_text(json.dumps({"key": key, "base": probe["executable"],
                                  "verified": verified}, indent=1))

@@ -127,6 +127,8 @@ def check_site_env(venv, out):
     assert Path(nbclient_file).is_relative_to(Path(sys.prefix))
     assert Path(helpers_file).parent == ROOT / "helpers"
     assert Path(probe_file).is_relative_to(venv), "the missing package went into the new env"
+    torchrun = (venv / "bin" / "torchrun").read_text().splitlines()[0]
+    assert torchrun == f"#!{venv}/bin/python", "torchrun must start workers in this env"
 
 
 def run_notebook_without_tensorflow(venv, tmp):
