@@ -110,7 +110,7 @@ kernel: setup
 
 # wheels for offline installs on compute nodes: `make setup WHEELHOUSE=wheelhouse`.
 # SITE=1: only what gpu-check needs beyond a site's Python, for PYVER (default: PYTHON's),
-# without SITE_PROVIDES (set it empty to download numpy and matplotlib too, about 40 MiB)
+# without SITE_PROVIDES (set it empty to download numpy and matplotlib too, about 39 MiB more)
 PYVER ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 SITE_PROVIDES ?= numpy matplotlib
 wheelhouse: $(if $(filter 1,$(SITE)),,setup)
