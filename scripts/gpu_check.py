@@ -10,10 +10,10 @@ minutes on one H200 with 16 cores, and can be re-run alone:
     python scripts/gpu_check.py --list               # the parts and what they run
 
 Parts: `unit` (pytest tests -m "not browser and not gpu", CUDA_VISIBLE_DEVICES untouched),
-`gpu` (pytest tests/gpu: a GPU that NVML sees but torch cannot use FAILS, see
-helpers.gpu_visibility), and `notebooks-a`... (every solutions/ notebook top to bottom with
-nbclient and ipykernel: asserts in cells must hold, outputs are not compared, the kernel's
-host memory (VmHWM) must stay within HOST_RSS_BUDGET_MIB).
+`gpu-a`, `gpu-b` (tests/gpu, and lesson 09's throughput recorder: a GPU that NVML sees but
+torch cannot use FAILS, see helpers.gpu_visibility), and `notebooks-a`... (every solutions/
+notebook top to bottom with nbclient and ipykernel: asserts in cells must hold, outputs are
+not compared, the kernel's host memory (VmHWM) must stay within HOST_RSS_BUDGET_MIB).
 
 Everything goes to one folder (default gpu-check-results/<date>/, git-ignored): one JSON
 record per part (<part>.json, the schema is validate_record below), logs/<part>.log, and the
@@ -66,9 +66,11 @@ NOTEBOOK_PARTS = {
     "notebooks-e": ["08_oom_challenge"],
     "notebooks-f": ["09_throughput"],
 }
-# the GPU tests' CPU stand-ins, run by --dry-run in the gpu part
-SELFTESTS = ["tests/gpu/test_memory_gpu.py", "tests/gpu/test_amp_gpu.py",
-             "tests/gpu/test_ddp_nccl_gpu.py"]
+# tests/gpu files per part (None: every test file not named in another part, new ones too).
+# --dry-run adds each file's --selftest-cpu stand-in, where the file has one.
+GPU_PARTS = {"gpu-a": ["test_memory_gpu.py", "test_batch_size_gpu.py", "test_oom_gpu.py"],
+             "gpu-b": None}
+THROUGHPUT, THROUGHPUT_PART = "tests/gpu/throughput_gpu.py", "gpu-b"
 STATUSES = ("passed", "failed", "skipped")
 
 
@@ -81,19 +83,40 @@ class Step:
     notebook: str | None = None
 
 
-def parts(dry_run: bool, workers: int) -> dict[str, list[Step]]:
+def gpu_test_files(part: str) -> list[str]:
+    """The tests/gpu files of a gpu part; the last part takes every file not named before."""
+    folder = ROOT / "tests" / "gpu"
+    named = [f for files in GPU_PARTS.values() if files for f in files]
+    files = GPU_PARTS[part] or sorted(p.name for p in folder.glob("test_*.py")
+                                      if p.name not in named)
+    return [f"tests/gpu/{f}" for f in files if (folder / f).is_file()]
+
+
+def has_selftest(path: str) -> bool:
+    return '"--selftest-cpu"' in (ROOT / path).read_text(encoding="utf-8")
+
+
+def parts(dry_run: bool, workers: int, out_dir: Path | None = None) -> dict[str, list[Step]]:
     """Every part's steps, in the order `make test GPU=1` runs them."""
     py = sys.executable
-    unit = [Step("pytest tests (not browser, not gpu)", "pytest",
-                 [py, "-m", "pytest", "tests", "-m", "not browser and not gpu", "-q",
-                  "-n", str(workers), "-p", "no:cacheprovider"])]
-    gpu = [Step("pytest tests/gpu", "pytest",
-                [py, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-rs",
-                 "-p", "no:cacheprovider"])]
-    if dry_run:
-        gpu += [Step(f"{path} --selftest-cpu", "script", [py, path, "--selftest-cpu"])
-                for path in SELFTESTS if (ROOT / path).is_file()]
-    out = {"unit": unit, "gpu": gpu}
+    out = {"unit": [Step("pytest tests (not browser, not gpu)", "pytest",
+                         [py, "-m", "pytest", "tests", "-m", "not browser and not gpu", "-q",
+                          "-n", str(workers), "-p", "no:cacheprovider"])]}
+    for name in GPU_PARTS:
+        files = gpu_test_files(name)
+        steps = [Step(f"pytest {' '.join(Path(f).name for f in files)}", "pytest",
+                      [py, "-m", "pytest", *files, "-m", "gpu", "-q", "-rs",
+                       "-p", "no:cacheprovider"])]
+        if dry_run:
+            steps += [Step(f"{f} --selftest-cpu", "script", [py, f, "--selftest-cpu"])
+                      for f in files if has_selftest(f)]
+        out[name] = steps
+    if dry_run:  # lesson 09's recorder: its CPU rungs, into the results folder, never recorded
+        target = (out_dir or DEFAULT_OUT) / "throughput-cpu.json"
+        out[THROUGHPUT_PART].append(Step(f"{THROUGHPUT} --device cpu --quick", "script", [
+            py, THROUGHPUT, "--device", "cpu", "--quick", "--out", str(target)]))
+    else:  # writes tests/gpu/results/09_throughput.json
+        out[THROUGHPUT_PART].append(Step(THROUGHPUT, "script", [py, THROUGHPUT]))
     for name, stems in NOTEBOOK_PARTS.items():
         out[name] = [Step(f"solutions/{s}.ipynb", "notebook", notebook=f"solutions/{s}.ipynb")
                      for s in stems]
@@ -108,7 +131,7 @@ def custom_part(notebooks: list[str], gpu_tests: list[str], dry_run: bool) -> li
         steps.append(Step(f"pytest {path}", "pytest",
                           [py, "-m", "pytest", path, "-m", "gpu", "-q", "-rs",
                            "-p", "no:cacheprovider"]))
-        if dry_run:
+        if dry_run and has_selftest(path):
             steps.append(Step(f"{path} --selftest-cpu", "script",
                               [py, path, "--selftest-cpu"]))
     return steps
@@ -299,6 +322,8 @@ def child_env(out_dir: Path, dry_run: bool, budget_mib: int, hide_tf: bool) -> d
 
     env = {**os.environ, **KERNEL_ENV, "GPU_LESSONS_KERNEL_BUDGET_MIB": str(budget_mib),
            "GPU_LESSONS_GPU_CHECK": "dry-run" if dry_run else "1", "PYTHONUNBUFFERED": "1"}
+    if not dry_run:  # the tests' one thread per kernel suits 2 shared cores, not a GPU node
+        env["OMP_NUM_THREADS"] = str(max(1, min(8, (os.cpu_count() or 2) // 2)))
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in [str(ROOT), env.get("PYTHONPATH", "")] if p)
     if hide_tf:
@@ -424,7 +449,8 @@ def validate_record(data) -> list[str]:
       date, label, status, seconds, environment (GPUs, driver, visibility verdict, versions,
       the CUDA libraries loaded and from where), host_rss_budget_mib, steps, written;
     * results recorded by a GPU test (``kind`` = RECORDED_KIND, e.g. memory.json): script,
-      date, hardware.gpu/driver/torch; dry_run (bool) and hardware.tensorflow when present.
+      date, hardware.gpu/driver, hardware.torch (or versions.torch); dry_run (never true)
+      and hardware.tensorflow when present.
     """
     if not isinstance(data, dict):
         return [f"expected a JSON object, got {type(data).__name__}"]
@@ -432,7 +458,10 @@ def validate_record(data) -> list[str]:
     if kind == RECORDED_KIND:
         out = _typed(data, {"script": str, "date": str, "hardware": dict}, "record")
         hw = data.get("hardware") if isinstance(data.get("hardware"), dict) else {}
-        out += _typed(hw, {"gpu": str, "driver": str, "torch": str}, "hardware")
+        out += _typed(hw, {"gpu": str, "driver": str}, "hardware")
+        versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
+        if not isinstance(hw.get("torch", versions.get("torch")), str):
+            out.append("hardware.torch (or versions.torch): missing")
         if "dry_run" in data and not isinstance(data["dry_run"], bool):
             out.append("dry_run: expected a bool")
         if data.get("dry_run") is True:
@@ -519,7 +548,10 @@ def main(argv=None) -> int:
     parser.add_argument("--list", action="store_true", help="list the parts and exit")
     args = parser.parse_args(argv)
     workers = args.workers or max(1, min(8, (os.cpu_count() or 2) // 2))
-    table = parts(args.dry_run, workers)
+    today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+    out_dir = args.out or DEFAULT_OUT / (today + ("-dry-run" if args.dry_run else ""))
+    out_dir = out_dir.resolve()
+    table = parts(args.dry_run, workers, out_dir)
     if args.notebooks or args.gpu_tests:
         table = {"custom": custom_part(args.notebooks, args.gpu_tests, args.dry_run)}
     if args.list:
@@ -532,9 +564,6 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in table]
     if unknown:
         parser.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(table)}")
-    today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
-    out_dir = args.out or DEFAULT_OUT / (today + ("-dry-run" if args.dry_run else ""))
-    out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"gpu-check: parts {', '.join(names)}; results in {out_dir}", flush=True)
     failed = []

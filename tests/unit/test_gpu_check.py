@@ -164,6 +164,12 @@ def test_schema_of_results_recorded_by_gpu_tests(gpu_check):
                for p in gpu_check.validate_record({**memory, "dry_run": True}))
     del memory["hardware"]["driver"]
     assert gpu_check.validate_record(memory) == ["hardware: missing 'driver'"]
+    throughput = {"kind": gpu_check.RECORDED_KIND, "script": "tests/gpu/throughput_gpu.py",
+                  "date": "2026-12-03", "hardware": {"gpu": "NVIDIA H200", "driver": "580.1"},
+                  "versions": {"torch": "2.13.0"}}
+    assert gpu_check.validate_record(throughput) == []
+    cpu_run = {**throughput, "hardware": {"cpu_cores": 2}}  # --device cpu: names no GPU
+    assert "hardware: missing 'gpu'" in gpu_check.validate_record(cpu_run)
 
 
 def test_every_committed_results_file_validates(gpu_check):
@@ -195,12 +201,20 @@ def test_a_part_that_passed_is_skipped_unless_forced(gpu_check, tmp_path, monkey
 def test_parts_cover_every_solutions_notebook_once(gpu_check):
     listed = [s for stems in gpu_check.NOTEBOOK_PARTS.values() for s in stems]
     assert sorted(listed) == sorted(p.stem for p in (ROOT / "solutions").glob("*.ipynb"))
-    table = gpu_check.parts(dry_run=True, workers=1)
-    assert list(table)[:2] == ["unit", "gpu"]
+    table = gpu_check.parts(dry_run=True, workers=1, out_dir=Path("/nonexistent"))
+    assert list(table)[:3] == ["unit", "gpu-a", "gpu-b"]
     unit = table["unit"][0].command
     assert unit[unit.index("-m", 2) + 1] == "not browser and not gpu"
-    assert any(s.command[-1] == "--selftest-cpu" for s in table["gpu"])
-    assert not any(s.kind == "script" for s in gpu_check.parts(False, 1)["gpu"])
+    in_parts = [f for part in gpu_check.GPU_PARTS for f in gpu_check.gpu_test_files(part)]
+    assert sorted(in_parts) == sorted(
+        f"tests/gpu/{p.name}" for p in (ROOT / "tests" / "gpu").glob("test_*.py"))
+    dry = [s.command for part in gpu_check.GPU_PARTS for s in table[part]]
+    assert [sys.executable, "tests/gpu/test_ddp_nccl_gpu.py", "--selftest-cpu"] in dry
+    assert [sys.executable, gpu_check.THROUGHPUT, "--device", "cpu", "--quick", "--out",
+            "/nonexistent/throughput-cpu.json"] in dry
+    real = [s.command for part in gpu_check.GPU_PARTS for s in gpu_check.parts(False, 1)[part]]
+    assert [sys.executable, gpu_check.THROUGHPUT] in real
+    assert not any("--selftest-cpu" in c or "cpu" in c for c in real)
 
 
 # ---------------------------------------------------------------- tests/gpu/conftest.py
