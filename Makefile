@@ -170,7 +170,7 @@ test-browser: setup
 
 # The GPU test mode (tests/gpu/README.md): unit tests, tests/gpu, every solutions notebook, in
 # resumable parts of <= 4 min on one H200; results and logs in gpu-check-results/<date>/.
-#   PART=gpu (or unit, notebooks-a ...; list: scripts/gpu_check.py --list)   one part only
+#   PART=gpu-a (or unit, gpu-b, notebooks-a ...; scripts/gpu_check.py --list)  one part only
 #   FORCE=1     re-run parts that already passed      DRY_RUN=1   on a CPU, CPU stand-ins
 PART ?=
 DRY_RUN ?=
