@@ -244,3 +244,21 @@ def test_gpu_tests_fail_when_broken_and_skip_when_hidden(tmp_path, verdict, expe
         assert done.returncode == 1 and "1 error" in done.stdout
     else:
         assert done.returncode == 0 and "1 skipped" in done.stdout
+
+
+def test_a_real_run_copies_its_record_for_committing(gpu_check, tmp_path, monkeypatch):
+    """Not a dry run (the GPU stood in for by a probe answer): the record lands in the results
+    folder as gpu-check-<part>.json, valid, labelled with the GPU and the budget for CUDA."""
+    env = _record(gpu_check)["environment"]
+    monkeypatch.setattr(gpu_check, "probe_environment", lambda child_env: env)
+    step = gpu_check.Step("a step", "script", [sys.executable, "-c", "print('hello')"])
+    results = tmp_path / "results"
+    record = gpu_check.run_part("gpu-b", [step], out_dir=tmp_path / "out", dry_run=False,
+                                force=False, results_dir=results)
+    copy = json.loads((results / "gpu-check-gpu-b.json").read_text())
+    assert copy == record and gpu_check.validate_record(copy) == []
+    assert record["status"] == "passed" and record["dry_run"] is False
+    assert record["host_rss_budget_mib"] == gpu_check.HOST_RSS_BUDGET_MIB
+    assert record["label"].startswith("NVIDIA H200 (driver 580.65.06), torch 2.13.0 (CUDA 13.0")
+    assert "hello" in (tmp_path / "out" / "logs" / "gpu-b.log").read_text()
+    assert str(results / "gpu-check-gpu-b.json") in record["written"]
