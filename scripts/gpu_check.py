@@ -243,6 +243,10 @@ def run_notebook(step: Step, env: dict, log, out_dir: Path, budget_mib: int) -> 
         step.notebook)
     nb = nbformat.read(path, as_version=4)
     peak: dict[str, float] = {}
+    current: dict[str, int] = {}
+
+    def on_cell_start(cell, cell_index, **kwargs):  # the cell that raised or timed out
+        current["index"] = cell_index
 
     def on_cell_executed(**kwargs):  # VmHWM only grows: the last read is the kernel's peak
         process = getattr(getattr(client.km, "provisioner", None), "process", None)
@@ -253,7 +257,8 @@ def run_notebook(step: Step, env: dict, log, out_dir: Path, budget_mib: int) -> 
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}},
                             extra_arguments=KERNEL_ARGS, record_timing=False,
-                            store_widget_state=False, on_cell_executed=on_cell_executed)
+                            store_widget_state=False, on_cell_start=on_cell_start,
+                            on_cell_executed=on_cell_executed)
     log.write(f"\n==== {step.name}: executing with nbclient (outputs not compared)\n")
     log.flush()
     result = {"status": "passed", "detail": "every cell ran, asserts held"}
@@ -263,10 +268,8 @@ def run_notebook(step: Step, env: dict, log, out_dir: Path, budget_mib: int) -> 
         text = str(exc)
         log.write(text + "\n")
         last = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["?"]
-        cell = next((i for i, c in enumerate(nb.cells) if c.get("cell_type") == "code" and any(
-            o.get("output_type") == "error" for o in c.get("outputs", []))), None)
         result = {"status": "failed",
-                  "detail": f"cell {cell}: {_strip_ansi(last[0])[:300]}"}
+                  "detail": f"cell {current.get('index')}: {_strip_ansi(last[0])[:300]}"}
     except Exception as exc:  # kernel died, could not start, ...
         log.write(f"{type(exc).__name__}: {exc}\n")
         result = {"status": "failed", "detail": f"{type(exc).__name__}: {str(exc)[:300]}"}

@@ -77,7 +77,13 @@ def test_dry_run_end_to_end_writes_valid_records(gpu_check, tmp_path):
     tests/gpu file with its CPU stand-in; TensorFlow hidden (the no-TensorFlow path)."""
     good = _notebook(tmp_path / "good.ipynb", "x = sum(range(10))\nassert x == 45\nprint(x)",
                      TF_CELL)
-    bad = _notebook(tmp_path / "bad.ipynb", "x = 2 + 2\nassert x == 5, f'x is {x}'")
+    bad = _notebook(tmp_path / "bad.ipynb", "raise ValueError('shown on purpose')",
+                    "x = 2 + 2\nassert x == 5, f'x is {x}'")
+    import nbformat
+
+    nb = nbformat.read(bad, as_version=4)
+    nb.cells[1].metadata["tags"] = ["raises-exception"]  # an error the lesson expects
+    nbformat.write(nb, bad)
     out, results = tmp_path / "out", tmp_path / "results"
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--out", str(out),
@@ -96,11 +102,9 @@ def test_dry_run_end_to_end_writes_valid_records(gpu_check, tmp_path):
     assert steps[str(good)]["status"] == "passed"
     assert 0 < steps[str(good)]["kernel_peak_rss_mib"] < gpu_check.CPU_KERNEL_BUDGET_MIB
     assert steps[str(bad)]["status"] == "failed"
-    assert steps[str(bad)]["detail"] == "cell 1: AssertionError: x is 4"
+    assert steps[str(bad)]["detail"] == "cell 2: AssertionError: x is 4"
     assert steps["pytest tests/gpu/test_ddp_nccl_gpu.py"]["status"] == "passed"
     assert steps["tests/gpu/test_ddp_nccl_gpu.py --selftest-cpu"]["status"] == "passed"
-    import nbformat
-
     executed = nbformat.read(out / "notebooks" / "good.ipynb", as_version=4)
     printed = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
     assert "skipped: TensorFlow is not installed (No module named 'tensorflow')" in printed
