@@ -66,6 +66,11 @@ NOTEBOOK_PARTS = {
     "notebooks-e": ["08_oom_challenge"],
     "notebooks-f": ["09_throughput"],
 }
+# On a GPU machine the main kernel's TensorFlow is the CPU build (one CUDA stack per
+# environment, README "GPU machines"); TensorFlow on the GPU lives in the optional .venv-tf
+# and its Jupyter kernel. This part runs the TensorFlow lesson there, when that kernel exists.
+TF_KERNEL = "gpu-lessons-tf"
+TF_KERNEL_PART = {"notebooks-tf": ["02_tensorflow_gpu"]}
 # tests/gpu files per part (None: every test file not named in another part, new ones too).
 # --dry-run adds each file's --selftest-cpu stand-in, where the file has one.
 GPU_PARTS = {"gpu-a": ["test_memory_gpu.py", "test_batch_size_gpu.py", "test_oom_gpu.py"],
@@ -81,6 +86,7 @@ class Step:
     kind: str  # "pytest", "script" or "notebook"
     command: list[str] = field(default_factory=list)
     notebook: str | None = None
+    kernel: str = "python3"
 
 
 def gpu_test_files(part: str) -> list[str]:
@@ -120,7 +126,16 @@ def parts(dry_run: bool, workers: int, out_dir: Path | None = None) -> dict[str,
     for name, stems in NOTEBOOK_PARTS.items():
         out[name] = [Step(f"solutions/{s}.ipynb", "notebook", notebook=f"solutions/{s}.ipynb")
                      for s in stems]
+    for name, stems in TF_KERNEL_PART.items():
+        out[name] = [Step(f"solutions/{s}.ipynb (kernel {TF_KERNEL})", "notebook",
+                          notebook=f"solutions/{s}.ipynb", kernel=TF_KERNEL) for s in stems]
     return out
+
+
+def kernel_installed(name: str) -> bool:
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    return name in KernelSpecManager().find_kernel_specs()
 
 
 def custom_part(notebooks: list[str], gpu_tests: list[str], dry_run: bool) -> list[Step]:
@@ -254,7 +269,7 @@ def run_notebook(step: Step, env: dict, log, out_dir: Path, budget_mib: int) -> 
         if mib is not None:
             peak["mib"] = mib
 
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name=step.kernel,
                             resources={"metadata": {"path": str(path.parent)}},
                             extra_arguments=KERNEL_ARGS, record_timing=False,
                             store_widget_state=False, on_cell_start=on_cell_start,
@@ -359,7 +374,12 @@ def run_part(name: str, steps: list[Step], *, out_dir: Path, dry_run: bool, forc
                   f"{json.dumps(env_info, indent=1)}\n")
         for step in steps:
             t0 = time.perf_counter()
-            if step.kind == "notebook":
+            if step.kind == "notebook" and not kernel_installed(step.kernel):
+                res = {"status": "skipped", "kernel_peak_rss_mib": None,
+                       "detail": f"Jupyter kernel {step.kernel!r} is not installed (the "
+                                 "optional TensorFlow GPU environment, README 'GPU machines')"}
+                log.write(f"\n==== {step.name}: skipped: {res['detail']}\n")
+            elif step.kind == "notebook":
                 res = run_notebook(step, env, log, out_dir, budget)
             else:
                 res = run_command(step, env, log)

@@ -266,3 +266,19 @@ def test_a_real_run_copies_its_record_for_committing(gpu_check, tmp_path, monkey
     assert record["label"].startswith("NVIDIA H200 (driver 580.65.06), torch 2.13.0 (CUDA 13.0")
     assert "hello" in (tmp_path / "out" / "logs" / "gpu-b.log").read_text()
     assert str(results / "gpu-check-gpu-b.json") in record["written"]
+
+
+def test_tensorflow_gpu_kernel_part_skips_without_that_kernel(gpu_check, tmp_path, monkeypatch):
+    """notebooks-tf runs lesson 02 in the TensorFlow GPU kernel, or says why it cannot."""
+    steps = gpu_check.parts(dry_run=True, workers=1)["notebooks-tf"]
+    assert [(s.notebook, s.kernel) for s in steps] == [
+        ("solutions/02_tensorflow_gpu.ipynb", gpu_check.TF_KERNEL)]
+    env = _record(gpu_check)["environment"]
+    monkeypatch.setattr(gpu_check, "probe_environment", lambda child_env: env)
+    monkeypatch.setattr(gpu_check, "kernel_installed", lambda name: name == "python3")
+    record = gpu_check.run_part("notebooks-tf", steps, out_dir=tmp_path, dry_run=True,
+                                force=False, results_dir=None)
+    assert record["steps"][0]["status"] == "skipped"
+    assert "'gpu-lessons-tf' is not installed" in record["steps"][0]["detail"]
+    assert gpu_check.validate_record(record) == [], record.get("schema_problems")
+    assert record["status"] == "passed"
