@@ -3,13 +3,15 @@
 #   make lab        set up .venv (once) and start JupyterLab on the lessons
 #   make test       set up .venv (once) and run the whole test suite
 #
-# Options:  GPU=1   install the CUDA builds of torch and TensorFlow (Linux + NVIDIA driver)
+# Options:  GPU=1   install the CUDA build of torch (Linux + NVIDIA driver >= 580); with
+#                   GPU=1, `make test` is the GPU test mode (scripts/gpu_check.py)
+#           SITE=1  a small environment over a Python that already has PyTorch (cluster)
 #           PYTHON=python3.11   interpreter used to create the environment
 #           PORT=8888           JupyterLab's port
 #           WHEELHOUSE=dir      install offline from `make wheelhouse` (no internet needed)
-# More: make refresh LESSON=03, release, release-solutions, kernel, wheelhouse, outputs NB=03
+# More: make refresh LESSON=03, release, release-solutions, kernel, kernel-tf GPU=1 (TensorFlow
+#       on the GPU, own environment), wheelhouse, outputs NB=03, gpu-check [PART= DRY_RUN=1]
 # Setup re-runs only when requirements*.txt or pyproject.toml change.
-
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
@@ -38,10 +40,10 @@ WORKERS ?= 2
 
 .PHONY: help setup lab refresh test test-unit test-notebooks test-browser lessons outputs \
         check-lessons lint bench stress browser clean release release-solutions kernel \
-        wheelhouse gpu-check
+        wheelhouse gpu-check kernel-tf
 
-help:
-	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
+help:  # the comment block at the top of this file, up to the first blank line
+	@awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' Makefile
 
 # ---------------------------------------------------------------- environment
 ifeq ($(SITE),1)
@@ -107,6 +109,26 @@ KERNEL_NAME ?= gpu-lessons
 kernel: setup
 	$(PY) -m ipykernel install --user --name $(KERNEL_NAME) \
 	  --display-name "Python (gpu-lessons)"
+
+# TensorFlow on the GPU (GPU=1 machines): its own environment and kernel, because
+# tensorflow[and-cuda] brings CUDA 12 and torch 2.13 CUDA 13; installed together they overwrite
+# each other's cuDNN and NCCL (README "GPU machines"). Its torch is the CPU build, on purpose.
+VENV_TF ?= .venv-tf
+PY_TF := $(VENV_TF)/bin/python
+$(VENV_TF)/.installed: requirements.txt requirements-gpu-tf.txt pyproject.toml
+	@test -x $(PY_TF) || $(PYTHON) -m venv $(VENV_TF)
+	$(if $(WHEELHOUSE),,$(PY_TF) -m pip install --quiet --upgrade pip)
+	grep -v -E '^(torch|tensorflow)' requirements.txt > $(VENV_TF)/requirements-nofw.txt
+	$(PY_TF) -m pip install --quiet $(PIP_SOURCE) -r requirements-gpu-tf.txt \
+	  -r $(VENV_TF)/requirements-nofw.txt
+	$(PY_TF) -m pip install --quiet --no-deps $(PIP_SOURCE) -e .
+	$(PY_TF) -c 'import sys, tensorflow as tf; \
+	  sys.exit(0 if tf.config.list_physical_devices("GPU") else "TensorFlow sees no GPU")'
+	@touch $@
+
+kernel-tf: $(VENV_TF)/.installed
+	$(PY_TF) -m ipykernel install --user --name $(KERNEL_NAME)-tf \
+	  --display-name "Python (gpu-lessons, TensorFlow GPU)"
 
 # wheels for offline installs on compute nodes: `make setup WHEELHOUSE=wheelhouse`.
 # SITE=1: only what gpu-check needs beyond a site's Python, for PYVER (default: PYTHON's),
