@@ -168,20 +168,18 @@ out["torch"] = torch.__version__
 out["torch_cuda"] = torch.version.cuda
 out["cudnn"] = (str(torch.backends.cudnn.version())
                 if torch.version.cuda and torch.backends.cudnn.is_available() else None)
-if vis.usable:  # one convolution loads cuDNN's sub-libraries: record where they came from
-    x = torch.randn(2, 3, 16, 16, device="cuda")
-    torch.nn.functional.conv2d(x, torch.randn(4, 3, 3, 3, device="cuda")).sum().item()
-    torch.cuda.synchronize()
+if vis.usable:
     out["torch_gpus"] = [{"name": p.name, "total_bytes": p.total_memory,
                           "compute_capability": f"{p.major}.{p.minor}"}
                          for p in map(torch.cuda.get_device_properties,
                                       range(torch.cuda.device_count()))]
-libs = {}
-with open("/proc/self/maps") as maps:
-    for line in maps:
-        path = line.split()[-1]
-        if any(k in path for k in ("libcudnn", "libnccl", "libcublas", "libcudart")):
-            libs[os.path.basename(path)] = path
+from helpers.cuda_libs import cudnn_report, loaded_libraries
+# one convolution (only with a usable GPU) loads cuDNN's sub-libraries; the report says where
+# each came from and flags any missing from torch's own nvidia/cudnn/lib (cuDNN 9.20.0.48)
+cudnn = cudnn_report()
+out["cudnn_report"] = {"checked": cudnn.checked, "ok": cudnn.ok, "text": str(cudnn),
+                       "problems": list(cudnn.problems)}
+LIBS = r"^lib(cudnn|nccl|cublas|cudart)"
 out["tensorflow"] = out["tf_cuda"] = out["tf_cudnn"] = None
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 try:
@@ -193,12 +191,7 @@ try:
     out["tf_gpus"] = len(tf.config.list_physical_devices("GPU"))
 except ImportError as exc:
     out["tensorflow_absent"] = str(exc)
-with open("/proc/self/maps") as maps:
-    for line in maps:
-        path = line.split()[-1]
-        if any(k in path for k in ("libcudnn", "libnccl", "libcublas", "libcudart")):
-            libs.setdefault(os.path.basename(path), path)
-out["cuda_libraries"] = libs
+out["cuda_libraries"] = {lib.name: lib.path for lib in loaded_libraries(LIBS)}
 print("GPU_CHECK_PROBE " + json.dumps(out))
 """
 
@@ -433,6 +426,9 @@ def summary(record: dict) -> str:
              f"cuDNN {e.get('tf_cudnn') or '-'})"]
     for lib, path in sorted(e.get("cuda_libraries", {}).items()):
         lines.append(f"  loaded {lib} from {path}")
+    cudnn = e.get("cudnn_report")
+    if cudnn:  # where each cuDNN sub-library came from (helpers.cuda_libs.cudnn_report)
+        lines += [f"  {line}" for line in cudnn["text"].splitlines()]
     for row in record["steps"]:
         peak = row.get("kernel_peak_rss_mib")
         mem = f", kernel {peak:.0f} MiB" if peak is not None else ""
