@@ -1,0 +1,104 @@
+"""Run the lessons where TensorFlow is absent: its cells print why they were skipped.
+
+Convention (CONTRIBUTING.md): every code cell of solutions/*.ipynb that needs TensorFlow or Keras
+(imports it, or uses a name such a cell defined) carries the cell tag ``tensorflow``;
+``make lessons`` copies tags into lessons/. A GPU node that has PyTorch but no TensorFlow (or
+``gpu_check.py --hide-tensorflow``) then runs every other cell unchanged:
+
+    from tf_cells import skip_tensorflow_cells, tensorflow_available
+    if not tensorflow_available(env)[0]:
+        skip_tensorflow_cells(nb, reason="TensorFlow is not installed")
+
+``python scripts/tf_cells.py`` lists the tagged cells of every solutions notebook.
+"""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+TAG = "tensorflow"
+DEFAULT_REASON = "TensorFlow is not installed"
+MODULES = ("tensorflow", "keras")
+
+_PROBE = ("import importlib.util as u, sys; "
+          "sys.exit(0 if u.find_spec('tensorflow') is not None else 3)")
+
+
+def _check_notebook(nb, argument: str = "nb") -> None:
+    cells = getattr(nb, "cells", None) if not isinstance(nb, dict) else nb.get("cells")
+    if not isinstance(cells, list):
+        raise TypeError(f"{argument} must be a notebook (nbformat.NotebookNode with cells), "
+                        f"got {type(nb).__name__}")
+
+
+def tensorflow_cells(nb) -> list[int]:
+    """Indices of the code cells tagged ``tensorflow``."""
+    _check_notebook(nb)
+    return [i for i, cell in enumerate(nb["cells"])
+            if cell.get("cell_type") == "code"
+            and TAG in (cell.get("metadata", {}).get("tags") or [])]
+
+
+def skip_line(reason: str = DEFAULT_REASON) -> str:
+    """The one-line source that replaces a TensorFlow cell."""
+    return f"print({f'skipped: {reason} (this cell needs TensorFlow)'!r})"
+
+
+def skip_tensorflow_cells(nb, reason: str = DEFAULT_REASON) -> list[int]:
+    """Replace each tagged code cell's source by a print of why it is skipped, in place.
+
+    The cell keeps its id and metadata; its stored outputs are cleared. Returns the indices
+    replaced.
+    """
+    _check_notebook(nb)
+    if not isinstance(reason, str) or not reason.strip() or "\n" in reason:
+        raise ValueError(f"reason must be a non-empty one-line string, got {reason!r}")
+    indices = tensorflow_cells(nb)
+    for i in indices:
+        cell = nb["cells"][i]
+        cell["source"] = skip_line(reason)
+        cell["outputs"] = []
+        cell["execution_count"] = None
+    return indices
+
+
+def tensorflow_available(env: dict | None = None) -> tuple[bool, str]:
+    """Whether ``import tensorflow`` can find TensorFlow, and a one-line reason.
+
+    Without ``env``: this interpreter (``importlib.util.find_spec``). With ``env``: a child of this
+    interpreter run with that environment, as a kernel started with it would see it (a
+    sitecustomize on its PYTHONPATH that hides TensorFlow included).
+    """
+    if env is None:
+        try:
+            found = importlib.util.find_spec("tensorflow") is not None
+        except (ImportError, ValueError) as exc:
+            return False, f"TensorFlow cannot be found ({type(exc).__name__}: {exc})"
+    else:
+        if not isinstance(env, dict):
+            raise TypeError(f"env must be a dict of environment variables, got "
+                            f"{type(env).__name__}")
+        done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+                              text=True, timeout=120)
+        if done.returncode not in (0, 3):
+            return False, (f"the TensorFlow probe failed (exit {done.returncode}): "
+                           f"{done.stderr.strip()[-300:]}")
+        found = done.returncode == 0
+    if found:
+        return True, "TensorFlow is installed"
+    return False, "TensorFlow is not installed (or hidden)"
+
+
+def main() -> None:
+    import nbformat
+
+    root = Path(__file__).resolve().parent.parent
+    for path in sorted((root / "solutions").glob("[0-9]*.ipynb")):
+        cells = tensorflow_cells(nbformat.read(path, as_version=4))
+        print(f"{path.name}: {len(cells)} cells tagged {TAG!r}: {cells}")
+
+
+if __name__ == "__main__":
+    main()
