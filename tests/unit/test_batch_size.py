@@ -1,6 +1,7 @@
 """find_batch_size: the answer, the trials it takes, clean-up, restored state, bad input."""
 
 import gc
+import importlib.util
 import json
 import os
 import subprocess
@@ -419,6 +420,8 @@ def test_result_text_dict_and_plot():
 
 # ---------------------------------------------------------------- TensorFlow, for real
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                    reason="TensorFlow is not installed (a PyTorch-only GPU node)")
 def test_tensorflow_runs_out_of_memory_for_real_on_the_cpu():
     """TensorFlow's CPU allocator with a limit raises a real ResourceExhaustedError."""
     code = textwrap.dedent("""

@@ -39,6 +39,7 @@ def test_nvml_gpus_are_listed_with_their_source(monkeypatch):
 
 
 def test_report_with_tensorflow_lists_physical_devices():
+    pytest.importorskip("tensorflow", reason="TensorFlow is not installed")
     report = device_report(tensorflow=True)
     assert report.tensorflow
     assert any(d.endswith("CPU:0") for d in report.tf_devices)

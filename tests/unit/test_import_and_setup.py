@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import random
 import subprocess
@@ -124,6 +125,8 @@ def test_setup_rejects_bad_flags():
         setup(deterministic=False, benchmark="yes")
 
 
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                    reason="TensorFlow is not installed (a PyTorch-only GPU node)")
 def test_setup_with_tensorflow_is_quiet_and_seeded():
     code = (
         "import helpers, sys\n"

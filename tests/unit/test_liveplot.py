@@ -310,6 +310,7 @@ def test_live_mode_builds_one_widget_and_updates_it_in_place(monkeypatch):
 
 
 def test_keras_callback_records_every_batch():
+    pytest.importorskip("tensorflow", reason="TensorFlow is not installed")
     from helpers.environment import quiet_tensorflow_env
 
     quiet_tensorflow_env()

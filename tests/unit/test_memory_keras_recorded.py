@@ -1,5 +1,6 @@
 """measure_keras_step (TensorFlow, in a subprocess) and recorded_gpu_results."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -60,6 +61,8 @@ KERAS_SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def keras_results():
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("TensorFlow is not installed (a PyTorch-only GPU node)")
     env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true"}
     done = subprocess.run([sys.executable, "-c", KERAS_SCRIPT], capture_output=True,
                           text=True, env=env, timeout=300)
