@@ -181,7 +181,10 @@ endif
 test-unit: setup
 	$(BIN)/ruff check .
 	$(PY) -m helpers.build lessons --check
-	$(PY) -m pytest tests -m "not browser" -q -n $(WORKERS)
+	$(PY) -m pytest tests -m "not browser" -q -n $(WORKERS) --ignore=tests/rehearsal
+	@# the CPU rehearsal of the CUDA-only lines (tests/rehearsal, under coverage): its tests must
+	@# pass and execute >= 80 % of those lines; it prints the share per file and what did not run
+	$(PY) scripts/cuda_coverage.py --min 0.8
 
 test-notebooks: setup
 	$(PY) -m pytest --nbval lessons solutions --nbval-sanitize-with tests/sanitize.cfg \
