@@ -84,6 +84,10 @@ def test_dry_run_end_to_end_writes_valid_records(gpu_check, tmp_path):
     nb = nbformat.read(bad, as_version=4)
     nb.cells[1].metadata["tags"] = ["raises-exception"]  # an error the lesson expects
     nbformat.write(nb, bad)
+    nb = nbformat.read(good, as_version=4)  # a lesson cell tagged 'tensorflow' (tf_cells.py)
+    nb.cells.append(nbformat.v4.new_code_cell("import tensorflow as tf\nprint(tf.__version__)",
+                                              metadata={"tags": ["tensorflow"]}))
+    nbformat.write(nb, good)
     out, results = tmp_path / "out", tmp_path / "results"
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--out", str(out),
@@ -108,6 +112,7 @@ def test_dry_run_end_to_end_writes_valid_records(gpu_check, tmp_path):
     executed = nbformat.read(out / "notebooks" / "good.ipynb", as_version=4)
     printed = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
     assert "skipped: TensorFlow is not installed (No module named 'tensorflow')" in printed
+    assert "(this cell needs TensorFlow)" in printed  # the tagged cell was skipped, not run
     assert "==== gpu-check part custom: FAILED" in done.stdout
     assert "host memory budget per kernel: 1536 MiB" in done.stdout
     assert not results.exists()  # a dry run never writes tests/gpu/results
