@@ -51,6 +51,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from .fmt import Table, fmt_bytes, fmt_rate
+from .validate import whole_number
 
 __all__ = ["find_batch_size", "BatchSizeResult", "Trial", "BatchSizeError", "is_oom_error",
            "warm_up_cuda"]
@@ -597,14 +598,6 @@ class _NoState:
 
 
 # ---------------------------------------------------------------------------- arguments
-def _int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a whole number, got {type(value).__name__}: {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
-
-
 def _framework_of(model) -> str | None:
     if model is None:
         return None
@@ -943,9 +936,9 @@ def find_batch_size(step, *, model=None, optimizer=None, start: int = 32,
     if framework is not None and step is model:
         raise TypeError("step must be a function step(batch_size) that runs a training step, "
                         "not the model itself")
-    start = _int(start, "start", 1)
+    start = whole_number(start, "start", 1)
     if maximum is not None:
-        maximum = _int(maximum, "maximum", 1)
+        maximum = whole_number(maximum, "maximum", 1)
         if maximum < start:
             raise ValueError(f"maximum ({maximum}) must be at least start ({start})")
     if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or \
@@ -956,9 +949,9 @@ def find_batch_size(step, *, model=None, optimizer=None, start: int = 32,
             not 0 <= tolerance <= 0.25:
         raise ValueError(f"tolerance must be a share of the batch size from 0 to 0.25, e.g. "
                          f"0.01; got {tolerance!r}")
-    steps_per_trial = _int(steps_per_trial, "steps_per_trial", 1)
-    multiple_of = _int(multiple_of, "multiple_of", 1)
-    max_trials = _int(max_trials, "max_trials", 2)
+    steps_per_trial = whole_number(steps_per_trial, "steps_per_trial", 1)
+    multiple_of = whole_number(multiple_of, "multiple_of", 1)
+    max_trials = whole_number(max_trials, "max_trials", 2)
     if capacity is not None:
         from .memory.capacity import parse_capacity, resolve_capacity
 

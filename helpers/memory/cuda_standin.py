@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..fake_nvml import simulated_uuid
+from ..validate import whole_number
 from .capacity import resolve_capacity
 
 __all__ = ["SimulatedCuda", "SimulatedDevice", "SimulatedDeviceProperties", "simulated_uuid"]
@@ -91,14 +92,6 @@ def _card_name(card: str | None, fallback: str) -> str:
     if card is None:
         return fallback
     return f"NVIDIA {card.replace('-', ' ')}" if card else fallback
-
-
-def _int_arg(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return int(value)
 
 
 class SimulatedEvent:
@@ -188,7 +181,7 @@ class SimulatedCuda:
                  cuda_version: str | None = "13.0", available: bool = True):
         from .virtual import VirtualGPU
 
-        self.device_count = _int_arg(device_count, "device_count", 1)
+        self.device_count = whole_number(device_count, "device_count", 1)
         if name is not None and (not isinstance(name, str) or not name):
             raise TypeError(f"name must be a non-empty string or None, got {name!r}")
         if (not isinstance(capability, tuple) or len(capability) != 2
@@ -196,7 +189,7 @@ class SimulatedCuda:
                            for c in capability)):
             raise ValueError(f"capability must be a (major, minor) tuple of ints, got "
                              f"{capability!r}")
-        self.cudnn_version = _int_arg(cudnn_version, "cudnn_version", 0)
+        self.cudnn_version = whole_number(cudnn_version, "cudnn_version", 0)
         if cuda_version is not None and not isinstance(cuda_version, str):
             raise TypeError(f"cuda_version must be a string such as '13.0' (None: a CPU-only "
                             f"build), got {cuda_version!r}")
@@ -289,7 +282,7 @@ class SimulatedCuda:
         for label, value in (("allocated", allocated), ("reserved", reserved),
                              ("other", other)):
             if value is not None:
-                setattr(d, f"{label}_bytes", _int_arg(value, label, 0))
+                setattr(d, f"{label}_bytes", whole_number(value, label, 0))
         if d.reserved_bytes < d.allocated_bytes:
             d.reserved_bytes = d.allocated_bytes
         if d.reserved_bytes + d.other_bytes > d.total_bytes:
@@ -305,7 +298,7 @@ class SimulatedCuda:
         if self._backed(index):
             raise ValueError(f"device {index} reads its memory from the VirtualGPU; "
                              "allocate tensors there instead")
-        n = _int_arg(n_bytes, "n_bytes", 0)
+        n = whole_number(n_bytes, "n_bytes", 0)
         d = self.devices[index]
         allocated = d.allocated_bytes + n
         reserved = max(d.reserved_bytes, allocated)
@@ -325,7 +318,7 @@ class SimulatedCuda:
         """Free ``n_bytes`` on a counter device; they stay reserved (cached)."""
         index = self._index(device)
         d = self.devices[index]
-        n = _int_arg(n_bytes, "n_bytes", 0)
+        n = whole_number(n_bytes, "n_bytes", 0)
         if n > d.allocated_bytes:
             raise ValueError(f"n_bytes ({n}) is more than device {index} has allocated "
                              f"({d.allocated_bytes})")
