@@ -91,11 +91,20 @@ def tensorflow_available(env: dict | None = None) -> tuple[bool, str]:
     return False, "TensorFlow is not installed (or hidden)"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
     import nbformat
 
     root = Path(__file__).resolve().parent.parent
-    for path in sorted((root / "solutions").glob("[0-9]*.ipynb")):
+    parser = argparse.ArgumentParser(
+        description="List the code cells tagged 'tensorflow' in each lesson notebook: the "
+                    "cells the GPU check skips, with a printed reason, where TensorFlow is "
+                    "not installed.")
+    parser.add_argument("notebooks", nargs="*", type=Path,
+                        help="notebooks to read (default: solutions/NN_*.ipynb)")
+    args = parser.parse_args(argv)
+    for path in args.notebooks or sorted((root / "solutions").glob("[0-9]*.ipynb")):
         cells = tensorflow_cells(nbformat.read(path, as_version=4))
         print(f"{path.name}: {len(cells)} cells tagged {TAG!r}: {cells}")
 
