@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.build import KERNEL_ENV
+from helpers.build import KERNEL_ENV, kernel_peak_rss_mib
 
 # 1.5 GiB: a Binder-sized machine. The GPU test mode (scripts/gpu_check.py) states its own
 # host-memory budget for CUDA kernels and passes it down in GPU_LESSONS_KERNEL_BUDGET_MIB.
@@ -29,16 +29,6 @@ ROOT = Path(__file__).resolve().parent
 os.environ.update({k: v for k, v in KERNEL_ENV.items() if k != "PYTEST_CURRENT_TEST"})
 
 _peaks: dict[str, float] = {}
-
-
-def _peak_rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 def _kernel_pid(ipynb_file) -> int | None:
@@ -57,7 +47,7 @@ def pytest_runtest_teardown(item, nextitem):
     )
     if last_cell:
         pid = _kernel_pid(parent)
-        peak = _peak_rss_mib(pid) if pid else None
+        peak = kernel_peak_rss_mib(pid) if pid else None
         if peak is not None:
             item.user_properties.append(("kernel_peak_mib", round(peak, 1)))
     yield

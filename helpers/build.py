@@ -56,6 +56,21 @@ KERNEL_ENV = {"GPU_LESSONS_HEADLESS": "1", "OMP_NUM_THREADS": "1",
 KERNEL_ARGS = ["--IPKernelApp.capture_fd_output=False"]
 
 
+def kernel_peak_rss_mib(pid: int) -> float | None:
+    """A process's peak resident memory (VmHWM) in MiB, or None where /proc cannot tell.
+
+    The notebook tests (conftest.py) and the GPU check (scripts/gpu_check.py) read each
+    kernel's peak with it, to hold kernels to their memory budget.
+    """
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 class BuildError(ValueError):
     """A solutions notebook breaks the exercise conventions."""
 

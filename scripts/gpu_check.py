@@ -220,16 +220,6 @@ def label(env_info: dict, dry_run: bool, date: str) -> str:
 
 
 # ---------------------------------------------------------------- running steps
-def _peak_rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, ValueError):
-        return None
-    return None
-
-
 def run_command(step: Step, env: dict, log) -> dict:
     log.write(f"\n==== {step.name}\n$ {' '.join(step.command)}\n")
     log.flush()
@@ -245,7 +235,7 @@ def run_notebook(step: Step, env: dict, log, out_dir: Path, budget_mib: int) -> 
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
-    from helpers.build import KERNEL_ARGS, clean_metadata
+    from helpers.build import KERNEL_ARGS, clean_metadata, kernel_peak_rss_mib
 
     path = (ROOT / step.notebook) if not Path(step.notebook).is_absolute() else Path(
         step.notebook)
@@ -268,7 +258,7 @@ def run_notebook(step: Step, env: dict, log, out_dir: Path, budget_mib: int) -> 
 
     def on_cell_executed(**kwargs):  # VmHWM only grows: the last read is the kernel's peak
         process = getattr(getattr(client.km, "provisioner", None), "process", None)
-        mib = _peak_rss_mib(process.pid) if process is not None else None
+        mib = kernel_peak_rss_mib(process.pid) if process is not None else None
         if mib is not None:
             peak["mib"] = mib
 
