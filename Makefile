@@ -87,7 +87,7 @@ setup: $(STAMP)
 # overwritten, so `git pull` never conflicts with their edits. Token authentication is
 # JupyterLab's default; the URL with the token is printed below. Opens on lesson 00, the index.
 lab: setup
-	@$(PY) -m helpers.build personal
+	@$(PY) -m helpers.authoring.build personal
 	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=my-lessons \
 	  --LabApp.default_url=/lab/tree/00_setup.ipynb \
 	  $(if $(filter 0,$(shell id -u)),--allow-root)
@@ -95,14 +95,14 @@ lab: setup
 # a fresh copy of one lesson in my-lessons/ (yours is moved to my-lessons/backup/)
 refresh: setup
 	@test -n "$(LESSON)" || { echo "usage: make refresh LESSON=03"; exit 2; }
-	$(PY) -m helpers.build personal --refresh $(LESSON)
+	$(PY) -m helpers.authoring.build personal --refresh $(LESSON)
 
 # ---------------------------------------------------------------- instructors and clusters
 release: setup
-	$(PY) -m helpers.build release
+	$(PY) -m helpers.authoring.build release
 
 release-solutions: setup
-	$(PY) -m helpers.build release --solutions
+	$(PY) -m helpers.authoring.build release --solutions
 
 # register this environment as a Jupyter kernel (site JupyterHub / Open OnDemand)
 KERNEL_NAME ?= gpu-lessons
@@ -180,7 +180,7 @@ endif
 
 test-unit: setup
 	$(BIN)/ruff check .
-	$(PY) -m helpers.build lessons --check
+	$(PY) -m helpers.authoring.build lessons --check
 	$(PY) -m pytest tests -m "not browser" -q -n $(WORKERS) --ignore=tests/rehearsal
 	@# the CPU rehearsal of the CUDA-only lines (tests/rehearsal, under coverage): its tests must
 	@# pass and execute >= 80 % of those lines; it prints the share per file and what did not run
@@ -206,13 +206,13 @@ gpu-check: setup
 
 # ---------------------------------------------------------------- authors
 lessons: setup
-	$(PY) -m helpers.build lessons $(NB)
+	$(PY) -m helpers.authoring.build lessons $(NB)
 
 outputs: setup
-	$(PY) -m helpers.build outputs $(NB)
+	$(PY) -m helpers.authoring.build outputs $(NB)
 
 check-lessons: setup
-	$(PY) -m helpers.build lessons --check
+	$(PY) -m helpers.authoring.build lessons --check
 
 lint: setup
 	$(BIN)/ruff check .

@@ -2,8 +2,8 @@
 
 For notebooks (``pytest --nbval lessons solutions``) it:
 
-* runs kernels headless, with the same settings ``make outputs`` uses (helpers.build), so the
-  stored outputs are exactly what the tests see;
+* runs kernels headless, with the same settings ``make outputs`` uses
+  (helpers.authoring.build), so the stored outputs are exactly what the tests see;
 * reads each notebook kernel's peak memory (VmHWM) just before the kernel stops, reports it
   per notebook and fails the run if one exceeds the Binder-sized budget;
 * reports how many code cells with output are compared and how many are ignored.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.build import KERNEL_ENV, kernel_peak_rss_mib
+from helpers.authoring.build import KERNEL_ENV, kernel_peak_rss_mib
 
 # 1.5 GiB: a Binder-sized machine. The GPU test mode (scripts/gpu_check.py) states its own
 # host-memory budget for CUDA kernels and passes it down in GPU_LESSONS_KERNEL_BUDGET_MIB.

@@ -61,7 +61,7 @@ from torch import nn  # noqa: E402
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 import helpers  # noqa: E402
-from helpers.fmt import fmt_seconds  # noqa: E402
+from helpers.core.fmt import fmt_seconds  # noqa: E402
 
 MiB = 2**20
 STEPS = 2  # steps per trial, for every method

@@ -29,8 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import helpers  # noqa: E402
-from helpers.fmt import Table, fmt_ratio, fmt_seconds  # noqa: E402
-from helpers.liveplot import LivePlot  # noqa: E402
+from helpers.core.fmt import Table, fmt_ratio, fmt_seconds  # noqa: E402
+from helpers.watch.liveplot import LivePlot  # noqa: E402
 
 
 def live(plot: LivePlot) -> LivePlot:
@@ -106,7 +106,7 @@ def torch_steps(n_blocks: int = 16, block: int = 30):
 
 
 def keras_epochs(n_rounds: int = 12):
-    helpers.environment.quiet_tensorflow_env()
+    helpers.core.environment.quiet_tensorflow_env()
     import keras
 
     keras.utils.set_random_seed(0)

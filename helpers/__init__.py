@@ -1,7 +1,7 @@
 """helpers: the small package the gpu-lessons notebooks import.
 
 ``import helpers`` is cheap: it imports neither torch nor TensorFlow.  Names are loaded from
-their module on first use (``helpers.device_report`` imports :mod:`helpers.device`, and so
+their module on first use (``helpers.device_report`` imports :mod:`helpers.core.device`, and so
 on); framework-specific modules import their framework only then.
 """
 
@@ -14,32 +14,32 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS = {
     # foundation
-    "setup": "environment",
-    "pick_device": "environment",
-    "SetupReport": "environment",
-    "device_report": "device",
-    "DeviceReport": "device",
-    "check": "exercises",
-    "NotSolved": "exercises",
-    "progress": "progress",
-    "Table": "fmt",
-    "fmt_bytes": "fmt",
-    "fmt_mib": "fmt",
-    "fmt_gib": "fmt",
-    "fmt_seconds": "fmt",
-    "fmt_rate": "fmt",
-    "fmt_ratio": "fmt",
-    "MiB": "fmt",
-    "GiB": "fmt",
-    "classification_data": "data",
-    "image_data": "data",
-    "torch_dataset": "data",
-    "torch_loader": "data",
+    "setup": "core.environment",
+    "pick_device": "core.environment",
+    "SetupReport": "core.environment",
+    "device_report": "core.device",
+    "DeviceReport": "core.device",
+    "check": "core.exercises",
+    "NotSolved": "core.exercises",
+    "progress": "core.progress",
+    "Table": "core.fmt",
+    "fmt_bytes": "core.fmt",
+    "fmt_mib": "core.fmt",
+    "fmt_gib": "core.fmt",
+    "fmt_seconds": "core.fmt",
+    "fmt_rate": "core.fmt",
+    "fmt_ratio": "core.fmt",
+    "MiB": "core.fmt",
+    "GiB": "core.fmt",
+    "classification_data": "core.data",
+    "image_data": "core.data",
+    "torch_dataset": "core.data",
+    "torch_loader": "core.data",
     "MLP": "models",
     "SmallCNN": "models",
     "count_parameters": "models",
-    "headless": "runtime",
-    "reveal": "instructor",
+    "headless": "core.runtime",
+    "reveal": "authoring.instructor",
     # lesson 03: launching distributed runs, saving and resuming training
     "DDPPlan": "launch",
     "RunResult": "launch",
@@ -58,13 +58,13 @@ _EXPORTS = {
     "set_rng_state": "checkpoint",
     "unwrap": "checkpoint",
     # monitoring (lesson 04)
-    "MemoryGauge": "gauge",
-    "MemoryReading": "gauge",
-    "GpuWatch": "gauge",
-    "read_memory": "gauge",
-    "watch_gpus": "gauge",
-    "LivePlot": "liveplot",
-    "LivePlotSummary": "liveplot",
+    "MemoryGauge": "watch.gauge",
+    "MemoryReading": "watch.gauge",
+    "GpuWatch": "watch.gauge",
+    "read_memory": "watch.gauge",
+    "watch_gpus": "watch.gauge",
+    "LivePlot": "watch.liveplot",
+    "LivePlotSummary": "watch.liveplot",
     # throughput (lesson 09)
     "SlowDataset": "throughput",
     "StepTimer": "throughput",
@@ -75,36 +75,37 @@ _EXPORTS = {
     "throughput_gpu_results": "throughput",
     "RecordedResults": "throughput",
     # results recorded on a real GPU by tests/gpu/ scripts, shown labelled on CPU machines
-    "recorded_gpu_results": "recorded",
-    "RecordedGpuResults": "recorded",
+    "recorded_gpu_results": "core.recorded",
+    "RecordedGpuResults": "core.recorded",
     # memory (issue 3): exact accounting, virtual GPU, full-scale mode
     "ResNet": "models",
     "TransformerBlock": "models",
     "VirtualGPU": "memory.virtual",
     "SimulatedCuda": "memory.cuda_standin",  # CPU rehearsals of CUDA code (tests/rehearsal)
-    "FakeNvml": "fake_nvml",
+    "FakeNvml": "core.fake_nvml",
     "current_virtual_gpu": "memory.state",
     "full_scale": "memory.virtual",
     "measure_step": "memory.measure",
     "MemoryReport": "memory.report",
     "parse_capacity": "memory.capacity",
     "KNOWN_GPUS": "memory.capacity",
-    "measure_keras_step": "memory.keras",
+    "measure_keras_step": "tf.keras",
     # mixed precision (issue 7)
     "amp_settings": "amp",
     "AmpSettings": "amp",
     "trace_dtypes": "amp",
     "compare_memory": "amp",
-    "compare_times": "timing",
-    "TimeComparison": "timing",
-    "keras_mixed_policy": "keras_amp",
-    "keras_policy": "keras_amp",
-    "onednn_setting": "keras_amp",
+    "compare_times": "core.timing",
+    "TimeComparison": "core.timing",
+    "keras_mixed_policy": "tf.policies",
+    "keras_policy": "tf.policies",
+    "onednn_setting": "tf.policies",
     # batch size (issue 6): the finder
     "find_batch_size": "batch_size",
     "BatchSizeResult": "batch_size",
     "BatchSizeError": "batch_size",
-    "is_oom_error": "batch_size",
+    "is_oom_error": "memory.errors",
+    "warm_up_cuda": "memory.errors",
     # the out-of-memory challenge (lesson 08)
     "LargeResNet": "oom",
     "SyntheticImages": "oom",
@@ -113,12 +114,20 @@ _EXPORTS = {
     "count_flops": "oom",
     "fix_table": "oom",
     "plot_fixes": "oom",
+    # reached by the notebooks (00, 04, 07, 09)
+    "nvml_status": "core.nvml",
+    "gpu_memory": "core.nvml",
+    "gpu_count": "core.nvml",
+    "gpu_utilization": "core.nvml",
+    "polling_threads": "watch.gauge",
+    "recorded_tables": "amp",
 }
 
 _SUBMODULES = {
-    "amp", "batch_size", "build", "checkpoint", "data", "device", "environment", "exercises",
-    "fmt", "gauge", "instructor", "keras_amp", "launch", "liveplot", "memory", "models", "nvml",
-    "oom", "progress", "recorded", "runtime", "throughput", "timing", "validate",
+    # layers (folders)
+    "core", "memory", "tf", "watch", "authoring",
+    # topics
+    "amp", "batch_size", "checkpoint", "launch", "models", "oom", "throughput",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .fmt import ShownAsTable, Table, fmt_bytes, fmt_ratio
-from .timing import fmt_in_unit
+from .core.fmt import ShownAsTable, Table, fmt_bytes, fmt_ratio
+from .core.timing import fmt_in_unit
 
 __all__ = ["AmpSettings", "amp_settings", "trace_dtypes", "DtypeTrace", "OpDtypes",
            "compare_memory", "MemoryComparison", "parse_dtype", "short_name",
@@ -87,7 +87,7 @@ class AmpSettings:
 
 def _device_type(device) -> str:
     if device is None:
-        from .environment import pick_device
+        from .core.environment import pick_device
 
         return pick_device().type
     try:

@@ -50,30 +50,11 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-from .fmt import Table, fmt_bytes, fmt_rate
-from .validate import whole_number
+from .core.checks import whole_number
+from .core.fmt import Table, fmt_bytes, fmt_rate
+from .memory.errors import is_oom_error, warm_up_cuda
 
-__all__ = ["find_batch_size", "BatchSizeResult", "Trial", "BatchSizeError", "is_oom_error",
-           "warm_up_cuda"]
-
-# Messages of out-of-memory errors that are not (or not always) torch.OutOfMemoryError: the
-# CUDA runtime's (torch.AcceleratorError), and cuBLAS's and cuDNN's own allocation failures,
-# which do not go through the caching allocator ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when
-# calling ...", "cuDNN error: CUDNN_STATUS_ALLOC_FAILED" in cuDNN 8, the two
-# CUDNN_STATUS_INTERNAL_ERROR_*_ALLOCATION_FAILED statuses in cuDNN 9).  Only these: a
-# version mismatch, an unsupported input or a sticky CUDA error ("illegal memory access",
-# "device-side assert") is a broken run, and the batch-size search must stop on it.
-_OOM_MESSAGES = (
-    "CUDA out of memory",
-    "CUDA error: out of memory",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",
-    "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
-    "MPS backend out of memory",
-    "XPU out of memory",
-    "DefaultCPUAllocator: can't allocate memory",
-)
+__all__ = ["find_batch_size", "BatchSizeResult", "Trial", "BatchSizeError"]
 
 # a prediction that extrapolates far aims this share of the remaining memory short of the
 # budget, so it lands just below the limit and the next prediction can interpolate
@@ -91,56 +72,6 @@ _MAX_MISSES = 2
 
 class BatchSizeError(RuntimeError):
     """The search cannot give a batch size (e.g. the step does not fit even at batch size 1)."""
-
-
-def is_oom_error(exc: BaseException) -> bool:
-    """Is ``exc`` an out-of-memory error of PyTorch (CUDA, virtual GPU, ...) or TensorFlow?
-
-    True for ``torch.OutOfMemoryError``, TensorFlow's ``ResourceExhaustedError`` and a
-    ``RuntimeError`` (``torch.AcceleratorError`` included) whose message is one of CUDA's,
-    cuBLAS's or cuDNN's allocation failures; False for every other error.
-    """
-    if not isinstance(exc, BaseException):
-        raise TypeError(f"exc must be an exception, got {type(exc).__name__}")
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
-        return True
-    for cls in type(exc).__mro__:  # without importing TensorFlow
-        if cls.__name__ == "ResourceExhaustedError" and cls.__module__.startswith("tensorflow"):
-            return True
-    if isinstance(exc, RuntimeError) and exc.args and isinstance(exc.args[0], str):
-        return any(text in exc.args[0] for text in _OOM_MESSAGES)
-    return False
-
-
-def warm_up_cuda(device=None, *, streams=None) -> None:
-    """Create cuBLAS's workspaces before reading a memory baseline on a CUDA device.
-
-    The first matrix multiplication on a (thread, stream) takes a cuBLAS(Lt) workspace from
-    the caching allocator, and the first backward takes another on autograd's device thread.
-    ``torch.cuda.memory_allocated()`` counts them and ``torch.cuda.empty_cache()`` never
-    frees them, so a "memory is back where it started" check must read its baseline after
-    them.  This runs a small matmul and a ``Linear`` with bias (cuBLASLt), forward and
-    backward, on each stream in ``streams`` (default: the current stream), then synchronises.
-    Used by :func:`find_batch_size` and the GPU tests.
-
-    Args:
-        device: a CUDA device (default: the current one).
-        streams: the ``torch.cuda.Stream`` objects the code to be measured uses.
-    """
-    import torch
-
-    device = torch.device("cuda", torch.cuda.current_device()) if device is None \
-        else torch.device(device)
-    for stream in [None] if streams is None else list(streams):
-        with (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()), \
-                torch.enable_grad():
-            w = torch.ones(16, 16, device=device, requires_grad=True)
-            bias = torch.zeros(16, device=device, requires_grad=True)
-            (torch.nn.functional.linear(w, w, bias) @ w).sum().backward()
-            del w, bias
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # ---------------------------------------------------------------------------- results
@@ -435,7 +366,7 @@ class _TFProbe(_Probe):
         self.capacity_bytes = capacity
         self.other = 0
         if capacity is None and device.startswith("GPU"):
-            from .nvml import gpu_memory
+            from .core.nvml import gpu_memory
 
             index = int(device.split(":")[1])
             mem = gpu_memory(index)

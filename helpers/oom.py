@@ -37,10 +37,10 @@ import torch
 from torch import nn
 
 from .batch_size import is_oom_error
-from .fmt import Table, fmt_bytes
+from .core.checks import positive_int
+from .core.fmt import Table, fmt_bytes
 from .memory.capacity import parse_capacity, resolve_capacity
 from .models import ResNet
-from .validate import positive_int
 
 __all__ = [
     "LargeResNet", "SyntheticImages", "TrainingCheck", "check_training", "count_flops",
@@ -382,7 +382,7 @@ def check_training(make_step: Callable, *, batch_size: int = 256, model=None, op
         raise ValueError(f"gpu must have more memory than the {CONTEXT} the CUDA context "
                          f"takes, got {fmt_bytes(capacity)}")
     if device is None:
-        from .environment import pick_device
+        from .core.environment import pick_device
 
         device = pick_device()
     try:

@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .fmt import Table, fmt_rate, fmt_ratio
-from .runtime import headless, in_kernel
-from .timing import interleaved_rounds, sync_function
-from .validate import positive_int
+from .core.checks import positive_int
+from .core.fmt import Table, fmt_rate, fmt_ratio
+from .core.runtime import headless, in_kernel
+from .core.timing import interleaved_rounds, sync_function
 
 __all__ = [
     "SlowDataset", "StepTimer", "StepTimes", "compare", "Comparison", "RungResult",
@@ -82,7 +82,7 @@ class SlowDataset:
 
     def __init__(self, n_samples: int = 2048, n_features: int = 256, n_classes: int = 10, *,
                  latency_s: float = 5e-4, noise: float = 12.0, seed: int = 0):
-        from .data import classification_data
+        from .core.data import classification_data
 
         self.latency_s = _non_negative(latency_s, "latency_s")
         x, y = classification_data(n_samples, n_features, n_classes, seed=seed, noise=noise)
@@ -224,7 +224,7 @@ class StepTimer:
 
     @staticmethod
     def _pick_gpu(gpu_util):
-        from . import nvml
+        from .core import nvml
 
         if gpu_util is False:
             return None, "GPU-Util not sampled (gpu_util=False)"
@@ -278,7 +278,7 @@ class StepTimer:
         self.samples.append(samples or 0)
         self._pending_wait = 0.0
         if self._gpu is not None and now >= self._next_util:
-            from . import nvml
+            from .core import nvml
 
             rates = nvml.gpu_utilization(self._gpu)
             if rates is not None:
@@ -492,7 +492,7 @@ def compare(runs: Mapping[str, Callable[[], int]], *, rounds: int = 2,
         notes: name -> a short note shown next to a rung's figures.
         sync: the device the runs use (``sync=device``), or a function: each run is timed
             from a synchronised start to a clock read taken only after the device finished
-            its work (see :func:`helpers.timing.sync_function`). Without it, GPU work that
+            its work (see :func:`helpers.core.timing.sync_function`). Without it, GPU work that
             a run only queued is not counted in its time but in the next run's.
 
     Returns:
@@ -570,7 +570,7 @@ def throughput_gpu_results(results_dir=None) -> RecordedResults | None:
     loader of recorded GPU results) and checks the rungs. A file that exists but is malformed
     raises ``ValueError`` saying what is wrong: a broken record must not pass for "no record".
     """
-    from .recorded import recorded_gpu_results
+    from .core.recorded import recorded_gpu_results
 
     rec = recorded_gpu_results(RESULTS_NAME, directory=results_dir)
     if rec is None:

@@ -17,7 +17,7 @@ separately). A *CUDA condition* is an expression that mentions, anywhere inside 
 * a call to ``is_available()`` (not ``mps.is_available()``);
 * a local name assigned, in the same function, from such an expression (``ok, why =
   nvml.nvml_status()`` makes ``ok`` one), or from a call listed in ``EXTRA_SOURCES`` (in
-  ``helpers/nvml.py``: ``_init()``, which returns the pynvml module only when NVML runs).
+  ``helpers/core/nvml.py``: ``_init()``, which returns the pynvml module only when NVML runs).
 
 Its CUDA-only lines are then the statements that run only when it holds:
 
@@ -55,9 +55,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("helpers", "scripts")
-EXTRA_SOURCES = {"helpers/nvml.py": {"_init"}}
+EXTRA_SOURCES = {"helpers/core/nvml.py": {"_init"}}
 # the rehearsal's own tools: stand-ins for CUDA, not CUDA code
-EXCLUDE = {"helpers/memory/cuda_standin.py", "helpers/fake_nvml.py", "scripts/cuda_coverage.py"}
+EXCLUDE = {"helpers/memory/cuda_standin.py", "helpers/core/fake_nvml.py",
+           "scripts/cuda_coverage.py"}
 _WORDS = ("cuda", "nvml")
 _EXITS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
 

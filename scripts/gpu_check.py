@@ -11,7 +11,7 @@ minutes on one H200 with 16 cores, and can be re-run alone:
 
 Parts: `unit` (pytest tests -m "not browser and not gpu", CUDA_VISIBLE_DEVICES untouched),
 `gpu-a`, `gpu-b` (tests/gpu, and lesson 09's throughput recorder: a GPU that NVML sees but
-torch cannot use FAILS, see helpers.gpu_visibility), and `notebooks-a`... (every solutions/
+torch cannot use FAILS, see helpers.core.gpu_visibility), and `notebooks-a`... (every solutions/
 notebook top to bottom with nbclient and ipykernel: asserts in cells must hold, outputs are
 not compared, the kernel's host memory (VmHWM) must stay within HOST_RSS_BUDGET_MIB).
 
@@ -44,7 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "tests" / "gpu" / "results"
 DEFAULT_OUT = ROOT / "gpu-check-results"
 PART_KIND = "gpu-lessons gpu-check part"
-RECORDED_KIND = "gpu-lessons recorded GPU results"  # helpers.recorded.KIND (no import: no torch)
+# helpers.core.recorded.KIND (not imported: no torch here)
+RECORDED_KIND = "gpu-lessons recorded GPU results"
 SCHEMA_VERSION = 1
 
 # Host memory of one notebook kernel (VmHWM, as the root conftest reads it). On a CPU the
@@ -156,7 +157,7 @@ def custom_part(notebooks: list[str], gpu_tests: list[str], dry_run: bool) -> li
 PROBE = r"""
 import importlib.metadata as md, json, os, platform, sys
 out = {"python": platform.python_version(), "cpu_count": os.cpu_count()}
-from helpers.gpu_visibility import gpu_visibility
+from helpers.core.gpu_visibility import gpu_visibility
 vis = gpu_visibility()
 out["gpu_visibility"] = {"verdict": vis.verdict, "message": vis.message}
 out["driver"] = vis.driver
@@ -173,7 +174,7 @@ if vis.usable:
                           "compute_capability": f"{p.major}.{p.minor}"}
                          for p in map(torch.cuda.get_device_properties,
                                       range(torch.cuda.device_count()))]
-from helpers.cuda_libs import cudnn_report, loaded_libraries
+from helpers.core.cuda_libs import cudnn_report, loaded_libraries
 # one convolution (only with a usable GPU) loads cuDNN's sub-libraries; the report says where
 # each came from and flags any missing from torch's own nvidia/cudnn/lib (cuDNN 9.20.0.48)
 cudnn = cudnn_report()
@@ -235,7 +236,7 @@ def run_notebook(step: Step, env: dict, log, out_dir: Path, budget_mib: int) -> 
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
-    from helpers.build import KERNEL_ARGS, clean_metadata, kernel_peak_rss_mib
+    from helpers.authoring.build import KERNEL_ARGS, clean_metadata, kernel_peak_rss_mib
 
     path = (ROOT / step.notebook) if not Path(step.notebook).is_absolute() else Path(
         step.notebook)
@@ -329,7 +330,7 @@ sys.meta_path[:] = [_PathFinderWithoutTensorFlow if f is PathFinder else f
 
 def child_env(out_dir: Path, dry_run: bool, budget_mib: int, hide_tf: bool) -> dict:
     """The environment of every step: the tests' kernel settings; CUDA_VISIBLE_DEVICES kept."""
-    from helpers.build import KERNEL_ENV
+    from helpers.authoring.build import KERNEL_ENV
 
     env = {**os.environ, **KERNEL_ENV, "GPU_LESSONS_KERNEL_BUDGET_MIB": str(budget_mib),
            "GPU_LESSONS_GPU_CHECK": "dry-run" if dry_run else "1", "PYTHONUNBUFFERED": "1"}
@@ -427,7 +428,7 @@ def summary(record: dict) -> str:
     for lib, path in sorted(e.get("cuda_libraries", {}).items()):
         lines.append(f"  loaded {lib} from {path}")
     cudnn = e.get("cudnn_report")
-    if cudnn:  # where each cuDNN sub-library came from (helpers.cuda_libs.cudnn_report)
+    if cudnn:  # where each cuDNN sub-library came from (helpers.core.cuda_libs.cudnn_report)
         lines += [f"  {line}" for line in cudnn["text"].splitlines()]
     for row in record["steps"]:
         peak = row.get("kernel_peak_rss_mib")

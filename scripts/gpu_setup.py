@@ -11,7 +11,7 @@ prefers it, because local versions sort higher. So:
   ``tensorflow/`` folder), and write a pip constraints file that excludes ``X+cpu`` for each
   pinned ``torch==X``;
 * ``verify``: import torch and fail with the reason unless ``torch.version.cuda`` is set, then
-  run ``python -m helpers.gpu_visibility`` (exit 1 when NVML sees a GPU nobody hid that torch
+  run ``python -m helpers.core.gpu_visibility`` (exit 1 when NVML sees a GPU nobody hid that torch
   cannot use; a machine without a GPU, such as a login node, passes).
 
 It reads installed versions through ``importlib.metadata`` (no framework import) until
@@ -117,10 +117,11 @@ def verify() -> int:
               "setup GPU=1 again.", file=sys.stderr)
         return 1
     print(f"torch {torch.__version__}: CUDA {torch.version.cuda}")
-    if not (ROOT / "helpers" / "gpu_visibility.py").is_file():
-        print("helpers.gpu_visibility is missing: GPU visibility not checked")
+    if not (ROOT / "helpers" / "core" / "gpu_visibility.py").is_file():
+        print("helpers.core.gpu_visibility is missing: GPU visibility not checked")
         return 0
-    return subprocess.run([sys.executable, "-m", "helpers.gpu_visibility"], cwd=ROOT).returncode
+    return subprocess.run([sys.executable, "-m", "helpers.core.gpu_visibility"],
+                          cwd=ROOT).returncode
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ directory, then RECORD's own bytes: a few KiB to a few MiB per wheel, never the 
 writes, per environment, each distribution's name, version, the shared libraries it
 installs and the sorted directories holding them (``nvidia/cudnn/lib``, ``torch/lib``...).
 
-``tests/unit/test_gpu_stack.py`` reads the committed description offline and fails when two
+``tests/unit/scripts/test_gpu_stack.py`` reads the committed description offline and fails when two
 distributions of one environment install the same library into one directory (two cuDNN or
 two NCCL builds overwriting each other's files). Several wheels of one toolkit sharing a
 folder, each with its own libraries (CUDA 13's ``nvidia/cu13/lib``), is not a collision.

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from helpers.fmt import fmt_seconds
+from helpers.core.fmt import fmt_seconds
 from helpers.launch import SCRIPTS, ddp_plan, run_captured, torchrun_command
 
 

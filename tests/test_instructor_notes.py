@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_lessons_meta import SOLUTIONS, TIME_LINE, lesson_minutes, readme_rows
 
-from helpers import build
+from helpers.authoring import build
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTES = ROOT / "docs" / "instructor-notes.md"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import build
+from helpers.authoring import build
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))

@@ -14,5 +14,17 @@ Modules:
 * :mod:`.virtual`   -- ``VirtualGPU`` and ``full_scale`` (fake tensors);
 * :mod:`.measure`   -- ``measure_step``;  :mod:`.report` -- ``MemoryReport`` and its timeline;
 * :mod:`.keras`     -- ``measure_keras_step`` for TensorFlow/Keras;
-* ``helpers.recorded`` (outside this package) loads results the GPU test scripts wrote.
+* ``helpers.core.recorded`` (outside this package) loads results the GPU test scripts wrote.
 """
+
+import importlib as _importlib
+
+
+def __getattr__(name: str):
+    """``helpers.<layer>.<module>`` without importing it first (imported on first use)."""
+    try:
+        return _importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

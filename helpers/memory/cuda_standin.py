@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..fake_nvml import simulated_uuid
-from ..validate import whole_number
+from ..core.checks import whole_number
+from ..core.fake_nvml import simulated_uuid
 from .capacity import resolve_capacity
 
 __all__ = ["SimulatedCuda", "SimulatedDevice", "SimulatedDeviceProperties", "simulated_uuid"]

@@ -40,7 +40,7 @@ def _device_type(device, model, inputs) -> str:
             raise ValueError(f"device {device!r} is not a torch device") from None
     for t in tensors_in([model, inputs]):
         return t.device.type
-    from ..environment import pick_device
+    from ..core.environment import pick_device
 
     return pick_device().type
 

@@ -12,7 +12,7 @@ import html
 import io
 from dataclasses import dataclass, field
 
-from ..fmt import Table, fmt_bytes
+from ..core.fmt import Table, fmt_bytes
 
 __all__ = ["MemoryReport", "StepMemory", "Timeline", "CudaStats", "CATEGORIES", "PHASES"]
 

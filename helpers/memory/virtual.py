@@ -26,7 +26,7 @@ import sys
 
 import torch
 
-from ..fmt import fmt_bytes
+from ..core.fmt import fmt_bytes
 from . import state
 from .allocator import CachingAllocator, ExactAllocator, SimulatedOOM
 from .capacity import parse_capacity, resolve_capacity
@@ -186,7 +186,7 @@ def _patch_module_to(delta: int) -> None:
 
 def _device_type(device) -> str:
     if device is None:
-        from ..environment import pick_device
+        from ..core.environment import pick_device
 
         return pick_device().type
     if isinstance(device, torch.device):

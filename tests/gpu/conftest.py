@@ -1,6 +1,6 @@
 """tests/gpu: a GPU that NVML sees but torch cannot use is a FAILURE, never a quiet skip.
 
-helpers.gpu_visibility compares NVML's GPUs with torch.cuda's once per session:
+helpers.core.gpu_visibility compares NVML's GPUs with torch.cuda's once per session:
 
 * broken (driver too old for the wheel's CUDA, CPU-only torch, unsupported GPU...): every test
   in tests/gpu fails with the verdict's message (cause and fix);
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import helpers.gpu_visibility as _gv
+import helpers.core.gpu_visibility as _gv
 
 HERE = Path(__file__).resolve().parent
 _verdict: list = []

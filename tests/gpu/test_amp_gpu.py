@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import helpers  # noqa: E402
-from helpers.recorded import KIND, RESULTS_DIR  # noqa: E402
+from helpers.core.recorded import KIND, RESULTS_DIR  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 NO_GPU = "needs a CUDA GPU (torch.cuda.is_available() is False): run it on a GPU machine"
@@ -205,7 +205,7 @@ def keras_speed(*, width: int = 4096, batch: int = 4096, rounds: int = 5,
                 number: int = 5) -> dict:
     """A Keras training step under float32 and the mixed policies, when TF sees a GPU."""
     try:
-        from helpers.keras_amp import _tf
+        from helpers.tf.policies import _tf
 
         tf = _tf()
     except ImportError as exc:

@@ -7,8 +7,8 @@ On a machine with CUDA GPUs::
 
 It starts ``torchrun --standalone --nproc_per_node=min(2, GPUs)`` (one rank on a 1-GPU node
 is fine) and checks that the run reports ``nccl`` on ``cuda`` and finishes. The CPU unit
-tests (tests/unit/test_scripts.py) pin their children to the CPU, so this is the only test of
-the NCCL path. ``--selftest-cpu`` runs the same launcher and checks over gloo on the CPU
+tests (tests/unit/scripts/test_scripts.py) pin their children to the CPU, so this is the only
+test of the NCCL path. ``--selftest-cpu`` runs the same launcher and checks over gloo on the CPU
 (``CUDA_VISIBLE_DEVICES=""``): `make gpu-check DRY_RUN=1` uses it as the CPU stand-in.
 """
 

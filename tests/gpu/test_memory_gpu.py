@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import helpers  # noqa: E402
-from helpers.recorded import KIND, RESULTS_DIR  # noqa: E402
+from helpers.core.recorded import KIND, RESULTS_DIR  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 NO_GPU = "needs a CUDA GPU (torch.cuda.is_available() is False): run it on a GPU machine"
@@ -249,7 +249,7 @@ def run_all(write: bool = True) -> dict:
 
 
 def format_results(results: dict) -> str:
-    from helpers.fmt import Table, fmt_bytes
+    from helpers.core.fmt import Table, fmt_bytes
 
     rows = [[p["model"], p["batch"], fmt_bytes(p["predicted_peak_bytes"]),
              fmt_bytes(p["cuda_peak_allocated_bytes"]), fmt_bytes(p["nontensor_bytes"]),

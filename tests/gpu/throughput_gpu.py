@@ -28,7 +28,7 @@ from functools import partial
 from pathlib import Path
 
 import helpers
-from helpers.recorded import KIND
+from helpers.core.recorded import KIND
 from helpers.throughput import RESULTS_DIR, RESULTS_NAME
 
 NAME = RESULTS_NAME
@@ -46,7 +46,7 @@ def hardware(device) -> dict:
         props = torch.cuda.get_device_properties(device)
         info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
                     gpu_count=torch.cuda.device_count())
-        ok, detail = helpers.nvml.nvml_status()
+        ok, detail = helpers.core.nvml.nvml_status()
         if ok:
             info["driver"] = detail.removeprefix("driver ")
     return info
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        ok, why = helpers.nvml.nvml_status()
+        ok, why = helpers.core.nvml.nvml_status()
         print(f"No CUDA GPU here (torch {torch.__version__}, CUDA build: "
               f"{torch.version.cuda is not None}; NVML: {why}). Nothing recorded.")
         return 0

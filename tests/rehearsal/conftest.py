@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from helpers.fake_nvml import FakeGpu, FakeNvml
+from helpers.core.fake_nvml import FakeGpu, FakeNvml
 from helpers.memory.cuda_standin import SimulatedCuda
 
 

@@ -76,8 +76,8 @@ def test_the_rule_finds_cuda_branches_and_nothing_else():
 def test_list_mode_prints_every_file_and_a_total(capsys):
     assert cuda_coverage.main(["--list"]) == 0
     out = capsys.readouterr().out
-    assert "helpers/nvml.py" in out and out.rstrip().splitlines()[-1].startswith("total: ")
-    assert "helpers/fake_nvml.py" not in out  # the stand-ins are tools, not CUDA code
+    assert "helpers/core/nvml.py" in out and out.rstrip().splitlines()[-1].startswith("total: ")
+    assert "helpers/core/fake_nvml.py" not in out  # the stand-ins are tools, not CUDA code
 
 
 def test_min_fails_below_the_floor(tmp_path, capsys):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import helpers
-from helpers.fake_nvml import FakeGpu, FakeNvml
+from helpers.core.fake_nvml import FakeGpu, FakeNvml
 from helpers.memory.cuda_standin import SimulatedCuda
 
 MiB = 1024**2
@@ -21,7 +21,7 @@ def test_device_report_lists_the_gpu_with_driver_name_and_cudnn(cuda, fake_nvml)
     text = report.text() if hasattr(report, "text") else str(report)
     assert "NVIDIA driver       580.95.05" in text
     assert "yes (built for CUDA 13.0)" in text and "cuDNN" in text
-    assert report.has_gpu and helpers.device.NO_GPU_PLAN not in report.notes
+    assert report.has_gpu and helpers.core.device.NO_GPU_PLAN not in report.notes
 
 
 def test_device_report_asks_torch_when_nvml_cannot_start(cuda):
@@ -108,6 +108,6 @@ def test_virtual_gpus_follow_pick_device_and_a_cpu_one_leaves_torch_cuda_alone()
 
 def test_fake_nvml_gpus_match_the_simulated_cuda_uuids(cuda):
     with FakeNvml([FakeGpu(), FakeGpu()]):
-        uuids = [g.uuid for g in helpers.nvml.list_gpus()]
+        uuids = [g.uuid for g in helpers.core.nvml.list_gpus()]
     assert uuids == ["GPU-" + torch.cuda.get_device_properties(0).uuid,
                      "GPU-" + helpers.memory.cuda_standin.simulated_uuid(1)]

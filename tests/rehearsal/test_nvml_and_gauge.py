@@ -1,5 +1,5 @@
-"""Rehearsals of the NVML and gauge branches (helpers/nvml.py, helpers/gauge.py,
-helpers/gpu_visibility.py) with helpers.FakeNvml and helpers.SimulatedCuda."""
+"""Rehearsals of the NVML and gauge branches (helpers/core/nvml.py, helpers/watch/gauge.py,
+helpers/core/gpu_visibility.py) with helpers.FakeNvml and helpers.SimulatedCuda."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import pytest
 import torch
 
 import helpers
-from helpers import gauge, nvml
-from helpers.fake_nvml import FakeGpu, FakeNvml
-from helpers.gpu_visibility import gpu_visibility
+from helpers.core import nvml
+from helpers.core.fake_nvml import FakeGpu, FakeNvml
+from helpers.core.gpu_visibility import gpu_visibility
 from helpers.memory.cuda_standin import SimulatedCuda
+from helpers.watch import gauge
 
 GiB = 1024**3
 

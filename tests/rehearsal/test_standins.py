@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import helpers
-from helpers import nvml
-from helpers.fake_nvml import FAILURES, FakeGpu, FakeNvml
+from helpers.core import nvml
+from helpers.core.fake_nvml import FAILURES, FakeGpu, FakeNvml
 from helpers.memory.cuda_standin import SimulatedCuda, simulated_uuid
 
 

@@ -13,11 +13,12 @@ import torch
 
 import helpers
 from helpers import batch_size as bs
-from helpers import environment, gauge
-from helpers.fake_nvml import FakeGpu, FakeNvml
-from helpers.gpu_visibility import gpu_visibility
-from helpers.memory import keras as memory_keras
+from helpers.core import environment
+from helpers.core.fake_nvml import FakeGpu, FakeNvml
+from helpers.core.gpu_visibility import gpu_visibility
 from helpers.memory.cuda_standin import SimulatedCuda
+from helpers.tf import keras as memory_keras
+from helpers.watch import gauge
 
 from .test_timing_and_memory_paths import _check_real
 
@@ -212,10 +213,10 @@ def test_amp_settings_for_cuda_on_a_machine_without_one():
 
 def test_nvml_decodes_old_bindings_bytes_names_and_checks_indices():
     with FakeNvml(FakeGpu("Tesla T4"), bytes_names=True):
-        assert helpers.nvml.list_gpus()[0].name == "Tesla T4"
-        assert helpers.nvml.gpu_status(0).name == "Tesla T4"
+        assert helpers.core.nvml.list_gpus()[0].name == "Tesla T4"
+        assert helpers.core.nvml.gpu_status(0).name == "Tesla T4"
         with pytest.raises(ValueError, match="index"):
-            helpers.nvml.gpu_utilization(-1)
+            helpers.core.nvml.gpu_utilization(-1)
 
 
 def test_gauge_leaves_tensorflow_alone_until_its_runtime_runs(cuda, fake_tf, monkeypatch):
@@ -257,7 +258,7 @@ def test_gpu_visibility_without_torch(monkeypatch):
 
 
 def test_cudnn_report_flags_a_sub_library_from_another_folder(cuda, monkeypatch, tmp_path):
-    from helpers import cuda_libs
+    from helpers.core import cuda_libs
 
     torch_dir = tmp_path / "torch" / "nvidia" / "cudnn" / "lib"
     torch_dir.mkdir(parents=True)
@@ -289,7 +290,7 @@ def test_cudnn_report_flags_a_sub_library_from_another_folder(cuda, monkeypatch,
 
 
 def test_cudnn_report_without_cudnn(cuda, monkeypatch):
-    from helpers import cuda_libs
+    from helpers.core import cuda_libs
 
     monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: False)
     report = cuda_libs.cudnn_report()
@@ -307,7 +308,7 @@ def test_gpu_setup_verify_checks_visibility_on_a_cuda_build(monkeypatch, capsys)
     with SimulatedCuda(cuda_version="13.0"):
         assert module.verify() == 1  # gpu_visibility's verdict decides
     assert f"torch {torch.__version__}: CUDA 13.0" in capsys.readouterr().out
-    assert ran == [["-m", "helpers.gpu_visibility"]]
+    assert ran == [["-m", "helpers.core.gpu_visibility"]]
 
 
 def test_gauge_without_nvml_or_torch_statistics_has_no_gpu_reading(cuda, monkeypatch):

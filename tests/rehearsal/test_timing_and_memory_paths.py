@@ -10,7 +10,7 @@ import torch
 import helpers
 from helpers import batch_size as bs
 from helpers import oom
-from helpers.fake_nvml import FakeGpu, FakeNvml
+from helpers.core.fake_nvml import FakeGpu, FakeNvml
 from helpers.memory.cuda_standin import SimulatedCuda
 
 MiB, GiB = 1024**2, 1024**3

@@ -1,0 +1,399 @@
+"""Build lessons/ from solutions/ and store notebook outputs (``make lessons``, ``make outputs``).
+
+solutions/NN_topic.ipynb is the single source.  Each exercise is a code cell tagged
+``solution`` with metadata ``{"exercise": {"id": ..., "stub": ...}}``; in lessons/ it becomes
+the task (the solution cell's leading comment lines) followed by the stub, tagged
+``exercise``.  Every other cell is copied unchanged.
+
+Usage::
+
+    python -m helpers.authoring.build lessons [--check] [NAME ...] # write (or verify) lessons/
+    python -m helpers.authoring.build outputs [NAME ...]           # re-execute and store outputs
+    python -m helpers.authoring.build exercises                    # list every exercise id
+    python -m helpers.authoring.build personal [--refresh NAME ...] # learners' copy in my-lessons/
+    python -m helpers.authoring.build release [--solutions]        # zip bundles in dist/
+
+NAME selects notebooks by substring (``01`` or ``pytorch_gpu``); default: all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.exercises import EXERCISE_ID
+
+ROOT = Path(__file__).resolve().parents[2]
+SOLUTIONS = ROOT / "solutions"
+LESSONS = ROOT / "lessons"
+PERSONAL = ROOT / "my-lessons"
+DIST = ROOT / "dist"
+
+# What a learner bundle holds (top-level paths, tracked files only) and what the solutions
+# bundle, handed out after the workshop, adds. Neither holds the instructor notes (docs/).
+LEARNER_BUNDLE = ["README.md", "LICENSE", "CONTRIBUTING.md", "Makefile", "pyproject.toml",
+                  "requirements.txt", "requirements-gpu.txt", "requirements-gpu-tf.txt",
+                  "environment.yml", "binder",
+                  "helpers", "lessons", "scripts", "benchmarks",
+                  "tests/gpu/results"]  # recorded GPU results lessons 05-09 show, once there
+SOLUTIONS_EXTRA = ["solutions"]
+
+SOLUTION_TAG = "solution"
+EXERCISE_TAG = "exercise"
+
+# The kernel settings shared with the notebook tests (conftest.py): headless widgets, one
+# compute thread per kernel (the tests run two kernels side by side; two threads per kernel
+# on two busy cores made steps up to 40x slower), and no capture of C-level / child-process
+# output, exactly as under nbval (FACTS.md).
+KERNEL_ENV = {"GPU_LESSONS_HEADLESS": "1", "OMP_NUM_THREADS": "1",
+              "PYTEST_CURRENT_TEST": "helpers.authoring.build outputs"}
+KERNEL_ARGS = ["--IPKernelApp.capture_fd_output=False"]
+
+
+def kernel_peak_rss_mib(pid: int) -> float | None:
+    """A process's peak resident memory (VmHWM) in MiB, or None where /proc cannot tell.
+
+    The notebook tests (conftest.py) and the GPU check (scripts/gpu_check.py) read each
+    kernel's peak with it, to hold kernels to their memory budget.
+    """
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class BuildError(ValueError):
+    """A solutions notebook breaks the exercise conventions."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str
+    notebook: str  # file name, e.g. "01_pytorch_gpu.ipynb"
+    cell_index: int
+    task: str  # the leading comment block
+    solution: str  # the code after the task
+    stub: str
+
+
+def _nbformat():
+    import nbformat
+
+    return nbformat
+
+
+def read(path: Path):
+    return _nbformat().read(str(path), as_version=4)
+
+
+def write(nb, path: Path) -> None:
+    text = _nbformat().writes(nb) + "\n"
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+
+
+def tags(cell) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def split_task(source: str) -> tuple[str, str]:
+    """Split a solution cell into its leading comment block (the task) and the code."""
+    lines = source.splitlines()
+    n = 0
+    while n < len(lines) and lines[n].lstrip().startswith("#"):
+        n += 1
+    return "\n".join(lines[:n]), "\n".join(lines[n:]).strip("\n")
+
+
+def exercises_in(path: Path, nb=None) -> list[Exercise]:
+    """Every exercise of one solutions notebook, validated.  Raises BuildError."""
+    nb = nb if nb is not None else read(path)
+    number = path.name[:2]
+    found = []
+    cells = nb.cells
+    for i, cell in enumerate(cells):
+        if SOLUTION_TAG not in tags(cell):
+            continue
+        where = f"{path.name} cell {i}"
+        if cell.cell_type != "code":
+            raise BuildError(f"{where}: only code cells can be tagged 'solution'")
+        meta = cell.metadata.get("exercise")
+        if not isinstance(meta, dict) or "id" not in meta or "stub" not in meta:
+            raise BuildError(
+                f"{where}: a 'solution' cell needs metadata "
+                '{"exercise": {"id": "NN-name", "stub": "code learners start from"}}'
+            )
+        ex_id, stub = meta["id"], meta["stub"]
+        match = EXERCISE_ID.match(ex_id) if isinstance(ex_id, str) else None
+        if not match or match.group(1) != number:
+            raise BuildError(
+                f"{where}: exercise id {ex_id!r} must look like '{number}-some-name' "
+                f"(the notebook's number, then lowercase words joined by dashes)"
+            )
+        if not isinstance(stub, str) or not stub.strip():
+            raise BuildError(f"{where}: exercise {ex_id} has an empty stub")
+        try:
+            compile(stub, f"<stub {ex_id}>", "exec")
+        except SyntaxError as exc:
+            raise BuildError(f"{where}: the stub of {ex_id} is not valid Python: {exc}") from exc
+        task, code = split_task(cell.source)
+        if not task:
+            raise BuildError(f"{where}: start the solution cell with the task as # comments")
+        following = next((c.source for c in cells[i + 1 :] if c.cell_type == "code"), "")
+        if ex_id not in following or "check(" not in following:
+            raise BuildError(
+                f"{where}: the next code cell must be the check cell, calling "
+                f"check({ex_id!r}, ...)"
+            )
+        found.append(Exercise(ex_id, path.name, i, task, code, stub))
+    return found
+
+
+def all_exercises(solutions_dir: Path | None = None) -> list[Exercise]:
+    """Every exercise in the kit; ids must be unique."""
+    result, seen = [], {}
+    for path in sorted((solutions_dir or SOLUTIONS).glob("[0-9][0-9]_*.ipynb")):
+        for ex in exercises_in(path):
+            if ex.id in seen:
+                raise BuildError(
+                    f"exercise id {ex.id} is used twice: {seen[ex.id]} and {path.name}"
+                )
+            seen[ex.id] = path.name
+            result.append(ex)
+    return result
+
+
+def _stub_cell(cell, ex: Exercise):
+    new = copy.deepcopy(cell)
+    new.source = f"{ex.task}\n{ex.stub.strip(chr(10))}"
+    new.metadata["tags"] = [t for t in tags(cell) if t != SOLUTION_TAG] + [EXERCISE_TAG]
+    new.metadata["exercise"] = {"id": ex.id}
+    new.outputs = []
+    new.execution_count = None
+    return new
+
+
+def lesson_from_solution(path: Path):
+    """The learner notebook generated from one solutions notebook (outputs cleared)."""
+    nb = read(path)
+    by_index = {ex.cell_index: ex for ex in exercises_in(path, nb)}
+    out = copy.deepcopy(nb)
+    for i, cell in enumerate(nb.cells):
+        if i in by_index:
+            out.cells[i] = _stub_cell(cell, by_index[i])
+        elif cell.cell_type == "code":
+            out.cells[i].outputs = []
+            out.cells[i].execution_count = None
+    return out
+
+
+def _signature(nb) -> list[tuple]:
+    return [
+        (c.cell_type, c.source, tuple(tags(c)), repr(c.metadata.get("exercise")))
+        for c in nb.cells
+    ]
+
+
+def select(names: list[str] | None, folder: Path | None = None) -> list[Path]:
+    folder = folder or SOLUTIONS
+    paths = sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+    if not names:
+        return paths
+    chosen = [p for p in paths if any(n in p.stem for n in names)]
+    if not chosen:
+        known = ", ".join(p.stem for p in paths) or "none"
+        raise SystemExit(f"no notebook in {folder.name}/ matches {names}; known: {known}")
+    return chosen
+
+
+def build_lessons(names=None, check: bool = False) -> list[str]:
+    """Write lessons/ from solutions/ (keeping outputs of unchanged cells) or, with
+    ``check=True``, return the list of lessons that are out of date."""
+    all_exercises()  # validates ids across the whole kit
+    stale = []
+    for src in select(names):
+        target = LESSONS / src.name
+        generated = lesson_from_solution(src)
+        existing = read(target) if target.exists() else None
+        if existing is not None and _signature(existing) == _signature(generated):
+            if check:
+                continue
+            # same sources: keep the stored outputs of the existing lesson
+            generated = existing
+        else:
+            stale.append(target.name)
+            if existing is not None and len(existing.cells) == len(generated.cells):
+                for new, old in zip(generated.cells, existing.cells, strict=True):
+                    if new.cell_type == "code" and old.get("source") == new.source:
+                        new.outputs = old.outputs
+                        new.execution_count = old.execution_count
+        if not check:
+            LESSONS.mkdir(exist_ok=True)
+            write(generated, target)
+    if check:
+        # lessons without a solution are stale too
+        extra = {p.name for p in LESSONS.glob("*.ipynb")} - {p.name for p in select(None)}
+        stale += sorted(extra)
+    return stale
+
+
+def clean_metadata(nb) -> None:
+    """Drop run-specific metadata nbclient adds (timings, widget state)."""
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+
+
+def execute(path: Path, timeout: int = 900) -> float:
+    """Execute one notebook from a clean kernel, exactly as the tests will, and store it."""
+    from nbclient import NotebookClient
+
+    nb = read(path)
+    os.environ.update(KERNEL_ENV)
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+        extra_arguments=KERNEL_ARGS,
+        record_timing=False,
+        store_widget_state=False,
+    )
+    start = time.perf_counter()
+    client.execute()
+    clean_metadata(nb)
+    write(nb, path)
+    return time.perf_counter() - start
+
+
+def personal_copy(refresh: list[str] | None = None, folder: Path | None = None) -> list[str]:
+    """Copy lessons into the learner's own, git-ignored folder (``make lab`` does this).
+
+    Lessons already there are never overwritten, so ``git pull`` cannot conflict with a
+    learner's work and updates of the kit never erase it; lessons new to the kit are added.
+    ``refresh`` names lessons to replace with a fresh copy: the learner's version is kept in
+    ``backup/`` first. Returns what was done, one line each.
+    """
+    import shutil
+
+    folder = folder or PERSONAL
+    folder.mkdir(exist_ok=True)
+    done = []
+    refreshed = select(refresh, LESSONS) if refresh else []
+    for src in select(None, LESSONS):
+        target = folder / src.name
+        if src in refreshed and target.exists():
+            backup = folder / "backup" / f"{src.stem}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
+            backup.parent.mkdir(exist_ok=True)
+            shutil.move(target, backup)
+            done.append(f"{src.name}: your version moved to {backup.relative_to(folder.parent)}")
+        if not target.exists():
+            shutil.copy2(src, target)
+            done.append(f"{src.name}: fresh copy in {folder.name}/")
+    return done
+
+
+def _tracked_files(paths: list[str]) -> list[Path]:
+    import subprocess
+
+    out = subprocess.run(["git", "ls-files", "-z", "--", *paths], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    return [ROOT / p for p in out.split("\0") if p]
+
+
+def release(solutions: bool = False, out_dir: Path | None = None) -> Path:
+    """Zip the learner bundle (no solution code anywhere) or, with ``solutions=True``, the
+    bundle an instructor hands out later: the same plus solutions/."""
+    import zipfile
+
+    from .. import __version__
+
+    stale = build_lessons(check=True)
+    if stale:
+        raise BuildError(f"lessons/ is out of date ({', '.join(stale)}): run `make lessons`")
+    kind = "solutions" if solutions else "learner"
+    paths = LEARNER_BUNDLE + (SOLUTIONS_EXTRA if solutions else [])
+    out_dir = out_dir or DIST
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"gpu-lessons-{kind}-{__version__}.zip"
+    prefix = f"gpu-lessons-{__version__}"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in _tracked_files(paths):
+            name = f"{prefix}/{path.relative_to(ROOT)}"
+            if path == ROOT / "README.md":
+                zf.writestr(name, _without_instructor_section(path.read_text(encoding="utf-8")))
+            else:
+                zf.write(path, name)
+    return target
+
+
+def _without_instructor_section(readme: str) -> str:
+    """The README without its "For instructors" section: bundles leave docs/ out."""
+    return re.sub(r"(?ms)^## For instructors\n.*?(?=^## )", "", readme)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m helpers.authoring.build", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_lessons = sub.add_parser("lessons", help="generate lessons/ from solutions/")
+    p_lessons.add_argument("--check", action="store_true", help="only verify, exit 1 if stale")
+    p_lessons.add_argument("names", nargs="*")
+    p_out = sub.add_parser("outputs", help="regenerate lessons, then execute and store outputs")
+    p_out.add_argument("names", nargs="*")
+    sub.add_parser("exercises", help="list every exercise id")
+    p_personal = sub.add_parser("personal", help="copy new lessons into my-lessons/")
+    p_personal.add_argument("--refresh", nargs="+", metavar="NAME",
+                            help="replace these lessons with fresh copies (yours are backed up)")
+    p_release = sub.add_parser("release", help="build a learner (or instructor) zip in dist/")
+    p_release.add_argument("--solutions", action="store_true",
+                           help="the bundle handed out later: learner bundle + solutions/")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "lessons":
+            stale = build_lessons(args.names, check=args.check)
+            if args.check:
+                if stale:
+                    print("lessons/ is out of date; run `make lessons`: " + ", ".join(stale))
+                    return 1
+                print("lessons/ is in sync with solutions/")
+            else:
+                print(f"lessons written ({len(stale)} changed)")
+            return 0
+        if args.command == "outputs":
+            build_lessons(args.names)
+            for src in select(args.names):
+                for path in (src, LESSONS / src.name):
+                    seconds = execute(path)
+                    print(f"executed {path.relative_to(ROOT)} in {seconds:.1f} s", flush=True)
+            return 0
+        if args.command == "exercises":
+            for ex in all_exercises():
+                print(f"{ex.id:40s} {ex.notebook}")
+            return 0
+        if args.command == "personal":
+            for line in personal_copy(args.refresh):
+                print(line)
+            return 0
+        if args.command == "release":
+            target = release(solutions=args.solutions)
+            print(f"wrote {target.relative_to(ROOT)}")
+            return 0
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 1  # pragma: no cover
+
+
+if __name__ == "__main__":
+    sys.exit(main())

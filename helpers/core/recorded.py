@@ -1,0 +1,94 @@
+"""Results recorded on a real GPU by ``tests/gpu/``, for lessons to show on CPU machines.
+
+``python tests/gpu/test_memory_gpu.py`` (on a CUDA machine) writes
+``tests/gpu/results/memory.json``: hardware, driver, versions, date and the measured figures.
+A lesson shows them with their label, never as if measured here::
+
+    rec = helpers.recorded_gpu_results("memory")
+    if rec is None:
+        print("No recorded GPU results yet.")
+    else:
+        print(rec.label)          # "Recorded on NVIDIA H100 ... (not measured on this machine)"
+        rec["figures"]
+
+No torch needed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["recorded_gpu_results", "RecordedGpuResults", "RESULTS_DIR"]
+
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "tests" / "gpu" / "results"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
+KIND = "gpu-lessons recorded GPU results"
+
+
+@dataclass(frozen=True)
+class RecordedGpuResults:
+    """A results file written by a GPU test script: ``data`` is its JSON content."""
+
+    name: str
+    path: Path
+    data: dict
+
+    @property
+    def hardware(self) -> dict:
+        return self.data.get("hardware", {})
+
+    @property
+    def label(self) -> str:
+        """One line that says where and when these numbers were measured."""
+        hw = self.hardware
+        gpu = hw.get("gpu", "an unknown GPU")
+        bits = [f"driver {hw['driver']}" if hw.get("driver") else "",
+                f"torch {hw['torch']}" if hw.get("torch") else "",
+                f"CUDA {hw['cuda']}" if hw.get("cuda") else ""]
+        extra = ", ".join(b for b in bits if b)
+        date = self.data.get("date", "an unknown date")
+        return (f"Recorded GPU results: {gpu}{f' ({extra})' if extra else ''}, {date}, by "
+                f"{self.data.get('script', 'a GPU test script')} -- not measured on this "
+                "machine.")
+
+    def __getitem__(self, key):
+        return self.data[key]
+
+    def get(self, key, default=None):
+        return self.data.get(key, default)
+
+    def __repr__(self) -> str:
+        return self.label
+
+
+def recorded_gpu_results(name: str = "memory", *, directory=None) -> RecordedGpuResults | None:
+    """The results a GPU test script recorded under ``name``, or None if there are none.
+
+    Args:
+        name: the results file's name without ``.json`` ("memory" for tests/gpu's memory
+            script).
+        directory: where to look (default: ``tests/gpu/results`` of this checkout).
+
+    Returns:
+        A :class:`RecordedGpuResults` (``label``, ``hardware``, ``data``), or None when the
+        file does not exist (no GPU run recorded yet). A file that exists but is not a
+        results file raises ValueError.
+    """
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"name must be a lowercase file stem such as 'memory', got {name!r}"
+        )
+    folder = RESULTS_DIR if directory is None else Path(directory)
+    path = folder / f"{name}.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path.name} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise ValueError(f"{path.name} is not a recorded GPU results file (kind {KIND!r})")
+    return RecordedGpuResults(name=name, path=path, data=data)

@@ -1,0 +1,814 @@
+"""Live memory gauges and a ``watch nvidia-smi`` view for notebooks (lesson 04).
+
+A gauge shows one device's memory as stacked, labelled bands::
+
+    GPU0 [#######.....] 31.2/48.0 GiB (65%) tensors 24.1 cache 5.1 other 2.0 | source: ...
+
+* **tensors**: bytes held by live tensors (``torch.cuda.memory_allocated`` plus TensorFlow's
+  ``get_memory_info(...)["current"]``);
+* **cache**: memory the framework's caching allocator keeps for reuse
+  (``memory_reserved - memory_allocated``);
+* **other**: everything else the driver counts as used: the CUDA context, other processes,
+  TensorFlow's pool, the driver's own reserve;
+* **free**.
+
+Where the numbers come from, first match wins (a reading always names its source):
+
+1. the virtual GPU (``helpers.current_virtual_gpu()``) when one is active: exact bytes;
+2. a real NVIDIA GPU through NVML (v2 memory info, what ``nvidia-smi`` shows), split with
+   ``torch.cuda`` and TensorFlow statistics when those frameworks are already in use;
+3. otherwise this process's resident memory (RSS) against the machine's RAM, via psutil.
+
+Nothing here imports torch or TensorFlow: their statistics are read only if the notebook
+already imported them, and never in a way that would start a CUDA context.  A missing
+driver, library or widget front end gives plain text, never a traceback.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+
+from ..core import nvml
+from ..core.fmt import GiB, MiB
+from ..core.runtime import headless
+
+__all__ = [
+    "MemoryReading",
+    "MemoryGauge",
+    "GpuWatch",
+    "read_memory",
+    "watch_gpus",
+    "polling_threads",
+]
+
+MIN_POLL_INTERVAL = 0.25  # seconds; faster polling only burns the CPU the training needs
+PROCESS_QUERY_INTERVAL = 10.0  # seconds between NVML per-process queries (never per tick)
+
+# Okabe & Ito's colour-blind-safe palette: readable on light and dark backgrounds. Every band
+# also carries its name as text, and the cache band is striped, so colour is never the only cue.
+BAND_STYLE = {
+    "tensors": ("#0072B2", "#ffffff", ""),
+    "process": ("#0072B2", "#ffffff", ""),
+    "cache": (
+        "#E69F00",
+        "#000000",
+        "background-image:repeating-linear-gradient(135deg,rgba(255,255,255,.35) 0 4px,"
+        "transparent 4px 8px);",
+    ),
+    "other": ("#CC79A7", "#000000", ""),
+}
+# Neutral parts follow the JupyterLab theme (light or dark).  Elsewhere (VS Code, Colab,
+# nbviewer) the fallbacks inherit the host's text colour or use translucent grey, which
+# reads on light and dark backgrounds alike.
+_FONT = "var(--jp-ui-font-family, sans-serif)"
+_TEXT = "var(--jp-ui-font-color1, inherit)"
+_MUTED = "var(--jp-ui-font-color2, inherit)"
+_BORDER = "var(--jp-border-color1, rgba(128, 128, 128, 0.6))"
+_FREE = "var(--jp-layout-color2, rgba(128, 128, 128, 0.15))"
+
+
+# --------------------------------------------------------------------------------- readings
+@dataclass(frozen=True)
+class MemoryReading:
+    """One device's memory at one moment, split into bands (bytes).
+
+    Attributes:
+        label: short device name: ``"GPU0"``, ``"vGPU"`` or ``"RAM"``.
+        source: where the numbers come from, in words.
+        total_bytes: capacity of the device.
+        bands: ``(name, bytes)`` pairs that add up to the used memory, in display order.
+        exact: True when the numbers are exact and reproducible (the virtual GPU).
+        detail: an extra sentence (per-process split, why a fallback was used), or "".
+    """
+
+    label: str
+    source: str
+    total_bytes: int
+    bands: tuple[tuple[str, int], ...]
+    exact: bool = False
+    detail: str = ""
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(b for _, b in self.bands)
+
+    @property
+    def free_bytes(self) -> int:
+        return max(0, self.total_bytes - self.used_bytes)
+
+    @property
+    def fraction(self) -> float:
+        return self.used_bytes / self.total_bytes if self.total_bytes > 0 else 0.0
+
+    def band(self, name: str) -> int:
+        """Bytes in band ``name`` (0 if this source has no such band)."""
+        return dict(self.bands).get(name, 0)
+
+    def _unit(self) -> tuple[str, int]:
+        return ("GiB", GiB) if self.total_bytes >= GiB else ("MiB", MiB)
+
+    def bar(self, width: int = 12) -> str:
+        """The used share as ``[#######.....]``."""
+        filled = min(width, int(self.fraction * width))
+        return "[" + "#" * filled + "." * (width - filled) + "]"
+
+    def text(self, width: int = 12, *, source: bool = True) -> str:
+        """One stable line, e.g. ``GPU0 [###.........] 12.0/48.0 GiB (25%) tensors 9.0 ...``."""
+        unit, scale = self._unit()
+        parts = [
+            f"{self.label} {self.bar(width)} {self.used_bytes / scale:.1f}/"
+            f"{self.total_bytes / scale:.1f} {unit} ({round(100 * self.fraction)}%)"
+        ]
+        parts += [f"{name} {b / scale:.1f}" for name, b in self.bands]
+        line = " ".join(parts)
+        return f"{line} | source: {self.source}" if source else line
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def html(self) -> str:
+        """A static HTML gauge: stacked bands with labels, legend and source."""
+        unit, scale = self._unit()
+        esc = html.escape
+        total = max(1, self.total_bytes)
+        segments, legend = [], []
+        for name, n_bytes in self.bands:
+            bg, fg, extra = BAND_STYLE.get(name, BAND_STYLE["other"])
+            pct = 100.0 * n_bytes / total
+            inside = esc(name) if pct >= 12 else ""
+            segments.append(
+                f'<div class="gl-band gl-band-{esc(name)}" title="{esc(name)} '
+                f'{n_bytes / scale:.1f} {unit}" style="width:{pct:.2f}%;background-color:{bg};'
+                f"{extra}color:{fg};overflow:hidden;white-space:nowrap;font-size:11px;"
+                f'line-height:20px;padding-left:{2 if inside else 0}px">{inside}</div>'
+            )
+            legend.append(
+                f'<span style="margin-right:12px;white-space:nowrap"><span style="display:'
+                f"inline-block;width:10px;height:10px;background-color:{bg};{extra}"
+                f'vertical-align:middle;margin-right:4px"></span>{esc(name)} '
+                f"{n_bytes / scale:.1f} {unit}</span>"
+            )
+        free_pct = max(0.0, 100.0 * self.free_bytes / total)
+        segments.append(
+            f'<div class="gl-band gl-band-free" title="free {self.free_bytes / scale:.1f} '
+            f'{unit}" style="flex:1;color:{_MUTED};font-size:11px;line-height:20px;'
+            f'padding-left:4px;white-space:nowrap;overflow:hidden">'
+            f'{"free" if free_pct >= 12 else ""}</div>'
+        )
+        legend.append(
+            f'<span style="white-space:nowrap"><span style="display:inline-block;width:10px;'
+            f"height:10px;background:{_FREE};border:1px solid {_BORDER};vertical-align:middle;"
+            f'margin-right:4px"></span>free {self.free_bytes / scale:.1f} {unit}</span>'
+        )
+        detail = (
+            f'<div class="gl-gauge-detail" style="color:{_MUTED}">{esc(self.detail)}</div>'
+            if self.detail else ""
+        )
+        attrs = " ".join(
+            f'data-{k}="{esc(str(v))}"'
+            for k, v in (
+                ("label", self.label), ("source", self.source),
+                ("total-bytes", self.total_bytes), ("used-bytes", self.used_bytes),
+                ("text", self.text()),
+            )
+        )
+        return (
+            f'<div class="gl-gauge" {attrs} style="font-family:{_FONT};color:{_TEXT};'
+            f'font-size:12px;max-width:640px;margin:2px 0">'
+            f'<div class="gl-gauge-title"><b>{esc(self.label)}</b> '
+            f"{self.used_bytes / scale:.1f} / {self.total_bytes / scale:.1f} {unit} used "
+            f'({round(100 * self.fraction)}%) <span style="color:{_MUTED}">source: '
+            f"{esc(self.source)}</span></div>"
+            f'<div class="gl-gauge-bar" role="img" aria-label="{esc(self.text())}" '
+            f'style="display:flex;height:20px;border:1px solid {_BORDER};border-radius:3px;'
+            f'overflow:hidden;background:{_FREE};margin:2px 0">{"".join(segments)}</div>'
+            f'<div class="gl-gauge-legend">{"".join(legend)}</div>{detail}</div>'
+        )
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+
+# ------------------------------------------------------------------------------- sources
+_SOURCE_HELP = (
+    "source must be 'auto', 'cuda', 'cuda:N', a GPU number N, 'virtual', 'ram', 'cpu', "
+    "a torch.device, or a virtual-GPU object with capacity_bytes, allocated_bytes, "
+    "reserved_bytes and context_bytes"
+)
+_VGPU_ATTRS = ("capacity_bytes", "allocated_bytes", "reserved_bytes", "context_bytes")
+
+
+def _parse_source(source) -> tuple[str, object]:
+    """Validate a source spec; returns (kind, argument)."""
+    try:
+        is_vgpu = all(hasattr(source, a) for a in _VGPU_ATTRS)
+    except Exception:  # noqa: BLE001 - a property that raises: a broken virtual GPU
+        is_vgpu = True
+    if is_vgpu:
+        return "virtual", source
+    if type(source).__name__ == "device" and hasattr(source, "type"):  # torch.device
+        source = str(source)
+    if isinstance(source, bool):
+        raise ValueError(f"{_SOURCE_HELP}; got {source!r}")
+    if isinstance(source, int):
+        if source < 0:
+            raise ValueError(f"{_SOURCE_HELP}; a GPU number must be >= 0, got {source}")
+        return "cuda", source
+    if isinstance(source, str):
+        s = source.strip().lower()
+        if s in ("auto", "virtual", "ram"):
+            return s, None
+        if s in ("cpu", "mps"):
+            return "ram", None
+        if s == "cuda":
+            return "cuda", None
+        if s.startswith("cuda:") and s[5:].isdigit():
+            return "cuda", int(s[5:])
+    raise ValueError(f"{_SOURCE_HELP}; got {source!r}")
+
+
+def _active_virtual_gpu():
+    """The memory engine's active virtual GPU, or None (also when that engine is absent)."""
+    if "torch" not in sys.modules:  # a virtual GPU is a torch dispatch mode: none without torch
+        return None
+    import helpers
+
+    current = getattr(helpers, "current_virtual_gpu", None)
+    if current is None:
+        return None
+    try:
+        return current()
+    except Exception:  # noqa: BLE001 - a gauge must never break the notebook
+        return None
+
+
+def _read_virtual(vgpu) -> MemoryReading:
+    capacity = int(vgpu.capacity_bytes)
+    allocated = int(vgpu.allocated_bytes)
+    reserved = int(vgpu.reserved_bytes)
+    context = int(vgpu.context_bytes)
+    name = str(getattr(vgpu, "name", "virtual GPU"))
+    return MemoryReading(
+        label="vGPU",
+        source=f"virtual GPU '{name}' (exact accounting on the CPU)",
+        total_bytes=capacity,
+        bands=(("tensors", allocated), ("cache", max(0, reserved - allocated)),
+               ("other", context)),
+        exact=True,
+        detail="other = the simulated CUDA context",
+    )
+
+
+_proc = {"psutil": None}
+
+
+def _read_ram(detail: str = "") -> MemoryReading:
+    import psutil
+
+    if _proc["psutil"] is None:
+        _proc["psutil"] = psutil.Process()
+    vm = psutil.virtual_memory()
+    rss = int(_proc["psutil"].memory_info().rss)
+    other = max(0, int(vm.total) - int(vm.available) - rss)
+    return MemoryReading(
+        label="RAM",
+        source="this process's RSS against system RAM (psutil)",
+        total_bytes=int(vm.total),
+        bands=(("process", rss), ("other", other)),
+        detail=detail,
+    )
+
+
+_torch_index: dict[int, int] = {}
+
+
+def _torch_index_for(nvml_index: int) -> int:
+    """torch's device number for NVML's GPU ``nvml_index`` (they differ under
+    CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER); matched by UUID, identity if unknown.
+
+    -1 while this process has not started CUDA: reading the UUIDs through
+    ``torch.cuda.get_device_properties`` would start it (and there are no torch statistics
+    to show before that anyway)."""
+    if nvml_index in _torch_index:
+        return _torch_index[nvml_index]
+    torch = sys.modules["torch"]
+    try:
+        if not torch.cuda.is_initialized():  # never start a CUDA context from a gauge
+            return -1
+    except Exception:  # noqa: BLE001
+        return -1
+    result = -1
+    try:
+        uuids = {g.index: g.uuid for g in nvml.list_gpus()}
+        wanted = uuids.get(nvml_index, "")
+        for i in range(torch.cuda.device_count()):
+            uuid = str(getattr(torch.cuda.get_device_properties(i), "uuid", ""))
+            if uuid and wanted and uuid in wanted:
+                result = i
+                break
+        else:
+            result = nvml_index if not wanted else -1
+    except Exception:  # noqa: BLE001
+        result = nvml_index
+    _torch_index[nvml_index] = result
+    return result
+
+
+def _torch_stats(torch_index: int) -> tuple[int, int] | None:
+    """(allocated, reserved) bytes from torch.cuda, only if this process already uses CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is None or torch_index < 0:
+        return None
+    try:
+        if not torch.cuda.is_initialized():  # never start a CUDA context from a gauge
+            return None
+        return int(torch.cuda.memory_allocated(torch_index)), int(
+            torch.cuda.memory_reserved(torch_index))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _tf_current(tf_index: int) -> int | None:
+    """Bytes in live TensorFlow tensors on GPU ``tf_index``, only if TF already runs."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None or tf_index < 0:
+        return None
+    try:
+        from tensorflow.python.eager import context
+
+        if context.context()._context_handle is None:  # runtime not started: leave it so
+            return None
+        if len(tf.config.list_logical_devices("GPU")) <= tf_index:
+            return None
+        return int(tf.config.experimental.get_memory_info(f"GPU:{tf_index}")["current"])
+    except Exception:  # noqa: BLE001
+        return None
+
+
+_proc_cache: dict[int, tuple[float, str]] = {}
+
+
+def _process_detail(index: int) -> str:
+    """This process's and other processes' share of GPU ``index`` (throttled NVML query)."""
+    now = time.monotonic()
+    cached = _proc_cache.get(index)
+    if cached and now - cached[0] < PROCESS_QUERY_INTERVAL:
+        return cached[1]
+    import os
+
+    procs = nvml.gpu_processes(index)
+    if procs is None:
+        text = "per-process memory: not reported by this driver"
+    elif any(p.used_bytes is None for p in procs):
+        text = f"{len(procs)} process(es) on this GPU; the driver hides their memory"
+    elif procs and _foreign_pids(procs):
+        text = (f"per-process memory: PIDs not visible in this container (NVML reports the "
+                f"host's); {len(procs)} process(es) "
+                f"{sum(p.used_bytes for p in procs) / GiB:.1f} GiB in all")
+    else:
+        mine = sum(p.used_bytes for p in procs if p.pid == os.getpid())
+        others = [p for p in procs if p.pid != os.getpid()]
+        text = (f"this process {mine / GiB:.1f} GiB (includes its CUDA context); "
+                f"{len(others)} other process(es) {sum(p.used_bytes for p in others) / GiB:.1f}"
+                " GiB")
+    _proc_cache[index] = (now, text + f" (checked every {PROCESS_QUERY_INTERVAL:.0f} s)")
+    return _proc_cache[index][1]
+
+
+def _foreign_pids(procs) -> bool:
+    """True when NVML's PIDs come from another PID namespace (a container without the host's):
+    none is this process although it uses CUDA, or none exists here at all."""
+    import os
+
+    if any(p.pid == os.getpid() for p in procs):
+        return False
+    torch = sys.modules.get("torch")
+    try:
+        uses_cuda = torch is not None and torch.cuda.is_initialized()
+    except Exception:  # noqa: BLE001
+        uses_cuda = False
+    return uses_cuda or not any(os.path.exists(f"/proc/{p.pid}") for p in procs)
+
+
+def _cuda_reading(index: int, mem: nvml.GpuMemory | None) -> MemoryReading | None:
+    torch_index = _torch_index_for(index) if "torch" in sys.modules else -1
+    stats = _torch_stats(torch_index)
+    tf_bytes = _tf_current(torch_index if torch_index >= 0 else index)
+    parts = []
+    if mem is not None:
+        total, free = mem.total_bytes, mem.free_bytes
+        parts.append("NVML v2")
+    elif stats is not None:  # no NVML, but torch runs on CUDA: ask the driver through torch
+        torch = sys.modules["torch"]
+        free, total = (int(x) for x in torch.cuda.mem_get_info(torch_index))
+        parts.append("torch.cuda.mem_get_info")
+    else:
+        return None
+    allocated, reserved = stats if stats is not None else (0, 0)
+    if stats is not None:
+        parts.append("torch.cuda")
+    if tf_bytes is not None:
+        parts.append("TensorFlow")
+    tensors = allocated + (tf_bytes or 0)
+    cache = max(0, reserved - allocated)
+    other = max(0, total - free - tensors - cache)
+    detail = _process_detail(index) if mem is not None else ""
+    if stats is None and tf_bytes is None:
+        detail = ("no framework statistics yet (torch.cuda and TensorFlow unused in this "
+                  "process): everything used counts as other. " + detail).strip()
+    return MemoryReading(
+        label=f"GPU{index}", source=" + ".join(parts), total_bytes=int(total),
+        bands=(("tensors", tensors), ("cache", cache), ("other", other)), detail=detail,
+    )
+
+
+def _read_cuda(index: int | None, fallback_note: bool) -> MemoryReading:
+    if index is None:
+        index = 0
+        torch = sys.modules.get("torch")
+        try:
+            if torch is not None and torch.cuda.is_initialized():
+                index = int(torch.cuda.current_device())
+        except Exception:  # noqa: BLE001
+            index = 0
+    ok, why = nvml.nvml_status()
+    reading = None
+    if ok and index < nvml.gpu_count():
+        reading = _cuda_reading(index, nvml.gpu_memory(index))
+    elif not ok and _torch_stats(index) is not None:  # a GPU torch uses, but no NVML
+        reading = _cuda_reading(index, None)
+    if reading is not None:
+        return reading
+    if ok:
+        why = f"NVML sees {nvml.gpu_count()} GPU(s), so there is no GPU {index}"
+    note = f"No GPU to read ({why}); showing RAM instead." if fallback_note else ""
+    return _read_ram(detail=note)
+
+
+def read_memory(source="auto") -> MemoryReading:
+    """Read one device's memory now (no widget).
+
+    Args:
+        source: ``"auto"`` (virtual GPU if active, else GPU through NVML/torch, else RAM),
+            ``"cuda"``/``"cuda:N"``/``N`` (a real GPU; falls back to RAM with a note),
+            ``"virtual"`` (the active virtual GPU; falls back likewise), ``"ram"``/``"cpu"``,
+            a ``torch.device``, or a virtual-GPU object.
+
+    Returns:
+        A :class:`MemoryReading`; print it for one line, display it for an HTML gauge.
+    """
+    kind, arg = _parse_source(source)
+    return _read(kind, arg)
+
+
+def _read(kind: str, arg) -> MemoryReading:
+    if kind == "virtual":
+        vgpu = arg if arg is not None else _active_virtual_gpu()
+        if vgpu is None:
+            return _read_ram(detail="No virtual GPU is active; showing RAM instead.")
+        try:
+            return _read_virtual(vgpu)
+        except Exception as exc:  # noqa: BLE001
+            return _read_ram(detail=f"The virtual GPU could not be read ({exc}); showing RAM.")
+    if kind == "ram":
+        return _read_ram()
+    if kind == "cuda":
+        return _read_cuda(arg, fallback_note=True)
+    # auto
+    vgpu = _active_virtual_gpu()
+    if vgpu is not None:
+        try:
+            return _read_virtual(vgpu)
+        except Exception:  # noqa: BLE001
+            pass
+    return _read_cuda(None, fallback_note=False)
+
+
+# -------------------------------------------------------------------------------- pollers
+class _Poller(threading.Thread):
+    def __init__(self, kind: str, fn, interval: float):
+        super().__init__(name=f"helpers-{kind}-poller", daemon=True)
+        self.fn, self.interval, self.stop_event = fn, interval, threading.Event()
+
+    def run(self):
+        while not self.stop_event.wait(self.interval):
+            try:
+                self.fn()
+            except Exception:  # noqa: BLE001 - a poller must never die noisily
+                pass
+
+    def stop(self):
+        self.stop_event.set()
+        if self is not threading.current_thread():
+            self.join(timeout=5)
+
+
+_pollers: dict[str, _Poller] = {}
+_pollers_lock = threading.Lock()
+
+
+def _stop_poller(kind: str, owner=None) -> None:
+    with _pollers_lock:
+        poller = _pollers.get(kind)
+        if poller is None or (owner is not None and poller.fn.__self__ is not owner):
+            return
+        del _pollers[kind]
+    poller.stop()
+
+
+def _start_poller(kind: str, fn, interval: float) -> None:
+    _stop_poller(kind)
+    poller = _Poller(kind, fn, interval)
+    with _pollers_lock:
+        _pollers[kind] = poller
+    poller.start()
+
+
+def polling_threads() -> list[str]:
+    """Names of the gauge/watch polling threads alive now (at most one of each kind)."""
+    return sorted(t.name for t in threading.enumerate()
+                  if t.name.startswith("helpers-") and t.name.endswith("-poller"))
+
+
+def _check_interval(interval) -> float:
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
+            math.isfinite(interval) and interval >= MIN_POLL_INTERVAL):
+        raise ValueError(
+            f"interval must be a number of seconds >= {MIN_POLL_INTERVAL}, got {interval!r}")
+    return float(interval)
+
+
+class _LiveView:
+    """Shared machinery: an HTML widget when a front end is watching, text otherwise."""
+
+    _kind = "view"
+    min_interval = MIN_POLL_INTERVAL
+    budget = 0.005  # share of the time updates may take; slow updates are spaced out
+
+    def _init_view(self):
+        self._lock = threading.RLock()
+        self._widget = None
+        self._next = 0.0
+        self.busy_seconds = 0.0  # reading and rendering: wall time (main), CPU time (poller)
+        self.updates = 0
+
+    def _render(self) -> str:  # pragma: no cover - subclasses
+        raise NotImplementedError
+
+    def text(self) -> str:  # pragma: no cover - subclasses
+        raise NotImplementedError
+
+    def widget(self):
+        """The ipywidgets.HTML showing this view (created on first use), or None headless
+        or without ipywidgets."""
+        if self._widget is None and not headless():
+            try:
+                import ipywidgets
+            except ImportError:
+                return None
+            self._widget = ipywidgets.HTML(value=self._render())
+            self._widget.add_class(f"gl-{self._kind}-widget")
+        return self._widget
+
+    def update(self, force: bool = False):
+        """Read again and redraw, unless the last update was less than ``min_interval``
+        seconds ago (pass ``force=True`` to skip that throttle).  Cheap enough to call
+        every training step."""
+        now = time.perf_counter()
+        if not force and now < self._next:
+            return self._value()
+        # The main thread's updates delay training by their wall time.  The poller's run
+        # beside it and take from training only the CPU time they use (and hold the GIL for):
+        # count that, not the wall time a busy machine stretches them to.
+        clock = (time.perf_counter if threading.current_thread() is threading.main_thread()
+                 else time.thread_time)
+        with self._lock:
+            t0, c0 = time.perf_counter(), clock()
+            self._refresh()
+            if self._widget is not None:
+                self._widget.value = self._render()
+            cost = clock() - c0
+            self.busy_seconds += cost
+            self.updates += 1
+            # redraw at most every min_interval, and spend at most `budget` of the time here
+            self._next = t0 + max(self.min_interval, cost / self.budget)
+        return self._value()
+
+    def start(self, interval: float = 0.5) -> None:
+        """Update from a background thread every ``interval`` seconds (>= 0.25).  Only one
+        poller of each kind runs: starting this one stops any older gauge's poller."""
+        _start_poller(self._kind, self._poll, _check_interval(interval))
+
+    def stop(self) -> None:
+        """Stop this view's background poller (if it has one)."""
+        _stop_poller(self._kind, owner=self)
+
+    @property
+    def polling(self) -> bool:
+        poller = _pollers.get(self._kind)
+        return poller is not None and poller.fn.__self__ is self and poller.is_alive()
+
+    def _poll(self):
+        self.update()  # throttled like any update: a slow front end slows the poller
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        widget = self.widget()
+        if widget is None:
+            return {"text/plain": self.text(), "text/html": self._render()}
+        bundle = widget._repr_mimebundle_()
+        bundle["text/plain"] = self.text()
+        return bundle
+
+    def __repr__(self) -> str:
+        return self.text()
+
+
+class MemoryGauge(_LiveView):
+    """A live memory gauge for one device (lesson 04).
+
+    Display it (last line of a cell), then call :meth:`update` from your training loop, or
+    let it poll in the background::
+
+        gauge = helpers.MemoryGauge(poll=0.5)
+        gauge
+
+    Args:
+        source: which device; see :func:`read_memory` (default ``"auto"``).
+        poll: seconds between background updates (>= 0.25), or None for updates on demand.
+        width: characters in the text bar.
+
+    Creating a gauge stops the previous gauge's poller, so re-running a cell never leaves
+    threads behind.  Headless (nbval, scripts) it displays as one line of text plus static
+    HTML.
+    """
+
+    _kind = "gauge"
+
+    def __init__(self, source="auto", *, poll: float | None = None, width: int = 12):
+        _stop_poller(self._kind)  # a new gauge (or a re-run cell) stops the old poller
+        self._source = _parse_source(source)
+        if isinstance(width, bool) or not isinstance(width, int) or not 4 <= width <= 80:
+            raise ValueError(f"width must be an integer from 4 to 80, got {width!r}")
+        if poll is not None:
+            _check_interval(poll)
+        self.width = width
+        self._init_view()
+        self.peak_used_bytes = 0
+        self.reading = self._read_timed()
+        if poll is not None:
+            self.start(poll)
+
+    def _read_timed(self) -> MemoryReading:
+        t0 = time.perf_counter()
+        reading = _read(*self._source)
+        self.busy_seconds += time.perf_counter() - t0
+        self.peak_used_bytes = max(self.peak_used_bytes, reading.used_bytes)
+        return reading
+
+    def _refresh(self):
+        try:
+            self.reading = _read(*self._source)
+        except Exception as exc:  # noqa: BLE001 - e.g. the driver lost the GPU mid-run
+            self.reading = replace(self.reading, detail=(
+                f"Reading failed ({type(exc).__name__}: {exc}); showing the last reading."))
+        self.peak_used_bytes = max(self.peak_used_bytes, self.reading.used_bytes)
+
+    def _value(self) -> MemoryReading:
+        return self.reading
+
+    def read(self) -> MemoryReading:
+        """A fresh reading without redrawing the gauge."""
+        return _read(*self._source)
+
+    @property
+    def source(self) -> str:
+        return self.reading.source
+
+    def _render(self) -> str:
+        return self.reading.html()
+
+    def text(self) -> str:
+        return self.reading.text(self.width)
+
+    def html(self) -> str:
+        return self.reading.html()
+
+
+# ----------------------------------------------------------------------------- watch view
+@dataclass(frozen=True)
+class WatchRow:
+    reading: MemoryReading
+    name: str
+    utilisation: str  # e.g. "GPU-Util 97%  mem 40%" or "CPU 12%"
+    extra: str = ""  # temperature, power
+
+
+class GpuWatch(_LiveView):
+    """``watch -n 1 nvidia-smi`` inside the notebook: every GPU's memory and utilisation.
+
+    Without NVML it says why and shows what this machine has instead: the active virtual
+    GPU (no utilisation: it is simulated) and RAM with CPU utilisation.  It never lists
+    processes on each tick (that query is slow); see :func:`helpers.core.nvml.gpu_processes`.
+    """
+
+    _kind = "watch"
+
+    def __init__(self, interval: float | None = 1.0, *, width: int = 12):
+        _stop_poller(self._kind)
+        if interval is not None:
+            _check_interval(interval)
+        self.width = width
+        self.interval = interval
+        self._init_view()
+        try:
+            import psutil
+
+            psutil.cpu_percent(interval=None)  # prime: the first call always returns 0.0
+        except ImportError:  # pragma: no cover
+            pass
+        self.header, self.rows = self._read_rows()
+        if interval is not None:
+            self.start(interval)
+
+    def _read_rows(self) -> tuple[str, list[WatchRow]]:
+        ok, detail = nvml.nvml_status()
+        rows = []
+        if ok and nvml.gpu_count() > 0:
+            header = f"NVIDIA {detail} (NVML), {nvml.gpu_count()} GPU(s)"
+            for i in range(nvml.gpu_count()):
+                st = nvml.gpu_status(i)
+                reading = _cuda_reading(i, st.memory)
+                util = (f"GPU-Util {st.gpu_util_pct}%  mem-bw {st.memory_util_pct}%"
+                        if st.gpu_util_pct is not None else "GPU-Util n/a")
+                extra = []
+                if st.temperature_c is not None:
+                    extra.append(f"{st.temperature_c} C")
+                if st.power_w is not None:
+                    limit = f"/{st.power_limit_w:.0f}" if st.power_limit_w else ""
+                    extra.append(f"{st.power_w:.0f}{limit} W")
+                rows.append(WatchRow(reading, st.name, util, "  ".join(extra)))
+            return header, rows
+        header = f"No NVIDIA GPU ({detail.rstrip('.?')}); showing this machine instead."
+        vgpu = _active_virtual_gpu()
+        if vgpu is not None:
+            try:
+                r = _read_virtual(vgpu)
+                rows.append(WatchRow(r, str(getattr(vgpu, "name", "virtual GPU")),
+                                     "GPU-Util n/a (simulated)"))
+            except Exception:  # noqa: BLE001
+                pass
+        import psutil
+
+        rows.append(WatchRow(_read_ram(), "system RAM",
+                             f"CPU {psutil.cpu_percent(interval=None):.0f}%"))
+        return header, rows
+
+    def _refresh(self):
+        try:
+            self.header, self.rows = self._read_rows()
+        except Exception as exc:  # noqa: BLE001 - keep the last rows, say what went wrong
+            self.header = f"Reading failed ({type(exc).__name__}: {exc}); last rows shown."
+
+    def _value(self):
+        return self.rows
+
+    def text(self) -> str:
+        lines = [self.header]
+        for row in self.rows:
+            extra = f"  {row.extra}" if row.extra else ""
+            lines.append(f"{row.reading.text(self.width, source=False)}  {row.utilisation}"
+                         f"{extra}  ({row.name})")
+        return "\n".join(lines)
+
+    def _render(self) -> str:
+        esc = html.escape
+        every = f"every {self.interval:g} s" if self.polling or self.interval else "on demand"
+        body = "".join(
+            f'<tr><td style="vertical-align:top;padding-right:8px"><b>{esc(r.name)}</b><br>'
+            f'<span style="color:{_MUTED}">{esc(r.utilisation)}'
+            f'{"<br>" + esc(r.extra) if r.extra else ""}</span></td>'
+            f'<td style="width:100%">{r.reading.html()}</td></tr>'
+            for r in self.rows
+        )
+        return (
+            f'<div class="gl-watch" style="font-family:{_FONT};color:{_TEXT};font-size:12px">'
+            f'<div style="color:{_MUTED}">{esc(self.header)} &middot; updated {every}</div>'
+            f'<table style="border-collapse:collapse;width:100%;max-width:820px">{body}'
+            f"</table></div>"
+        )
+
+    def html(self) -> str:
+        return self._render()
+
+
+def watch_gpus(interval: float | None = 1.0) -> GpuWatch:
+    """A :class:`GpuWatch` refreshed every ``interval`` seconds (None: on ``update()``)."""
+    return GpuWatch(interval)

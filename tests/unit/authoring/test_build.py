@@ -1,0 +1,135 @@
+"""The solutions -> lessons generator (helpers.authoring.build) on small notebooks made here."""
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from helpers.authoring import build
+from helpers.authoring.build import BuildError, exercises_in, lesson_from_solution
+
+
+def solution_cell(ex_id="01-demo", stub="answer = None  # your code here",
+                  source="# Task: set answer to 42.\n# Hint: it is a number.\nanswer = 42"):
+    cell = new_code_cell(source)
+    cell.metadata["tags"] = ["solution"]
+    cell.metadata["exercise"] = {"id": ex_id, "stub": stub}
+    return cell
+
+
+def make_nb(tmp_path, name="01_demo.ipynb", cells=None):
+    cells = cells if cells is not None else [
+        new_markdown_cell("# Demo"),
+        new_code_cell("x = 1", outputs=[], execution_count=1),
+        new_markdown_cell("### Challenge: the answer"),
+        solution_cell(),
+        new_code_cell('helpers.check("01-demo", lambda: None)'),
+        new_code_cell("y = 2"),
+    ]
+    nb = new_notebook(cells=cells)
+    path = tmp_path / name
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_solution_cell_becomes_task_plus_stub(tmp_path):
+    path = make_nb(tmp_path)
+    lesson = lesson_from_solution(path)
+    stub = lesson.cells[3]
+    assert stub.source == (
+        "# Task: set answer to 42.\n# Hint: it is a number.\nanswer = None  # your code here"
+    )
+    assert stub.metadata["tags"] == ["exercise"]
+    assert stub.metadata["exercise"] == {"id": "01-demo"}
+    assert "42" not in stub.source.split("\n")[-1]
+    # everything else is copied unchanged, outputs cleared
+    for i in (0, 1, 2, 4, 5):
+        assert lesson.cells[i].source == nbformat.read(str(path), 4).cells[i].source
+    assert lesson.cells[1].execution_count is None
+
+
+def test_exercise_fields(tmp_path):
+    (ex,) = exercises_in(make_nb(tmp_path))
+    assert ex.id == "01-demo" and ex.solution == "answer = 42" and ex.cell_index == 3
+    assert ex.task.startswith("# Task")
+
+
+@pytest.mark.parametrize(
+    "cell, message",
+    [
+        (solution_cell(ex_id="02-demo"), "must look like '01-some-name'"),
+        (solution_cell(ex_id="01_demo"), "must look like"),
+        (solution_cell(stub=""), "empty stub"),
+        (solution_cell(stub="answer = ("), "not valid Python"),
+        (solution_cell(source="answer = 42"), "task as # comments"),
+    ],
+)
+def test_broken_conventions_are_explained(tmp_path, cell, message):
+    path = make_nb(tmp_path, cells=[cell, new_code_cell('check("01-demo", f)')])
+    with pytest.raises(BuildError, match=message):
+        exercises_in(path)
+
+
+def test_missing_metadata_and_check_cell(tmp_path):
+    bare = new_code_cell("# task\nanswer = 1")
+    bare.metadata["tags"] = ["solution"]
+    with pytest.raises(BuildError, match="needs metadata"):
+        exercises_in(make_nb(tmp_path, cells=[bare]))
+    with pytest.raises(BuildError, match="next code cell must be the check cell"):
+        exercises_in(make_nb(tmp_path, cells=[solution_cell(), new_code_cell("print(1)")]))
+
+
+def test_duplicate_ids_across_notebooks(tmp_path):
+    make_nb(tmp_path, "01_a.ipynb")
+    make_nb(tmp_path, "01_b.ipynb")
+    with pytest.raises(BuildError, match="used twice"):
+        build.all_exercises(tmp_path)
+
+
+def test_build_and_check_round_trip(tmp_path, monkeypatch):
+    sol, les = tmp_path / "solutions", tmp_path / "lessons"
+    sol.mkdir()
+    make_nb(sol)
+    monkeypatch.setattr(build, "SOLUTIONS", sol)
+    monkeypatch.setattr(build, "LESSONS", les)
+    assert build.build_lessons(check=True) == ["01_demo.ipynb"]
+    build.build_lessons()
+    assert build.build_lessons(check=True) == []
+    # a hand edit of the lesson is detected
+    nb = nbformat.read(str(les / "01_demo.ipynb"), 4)
+    nb.cells[1].source = "x = 2"
+    nbformat.write(nb, str(les / "01_demo.ipynb"))
+    assert build.build_lessons(check=True) == ["01_demo.ipynb"]
+    # a lesson without a solution is stale too
+    build.build_lessons()
+    nbformat.write(new_notebook(), str(les / "99_orphan.ipynb"))
+    assert build.build_lessons(check=True) == ["99_orphan.ipynb"]
+
+
+def test_rebuild_keeps_outputs_of_unchanged_cells(tmp_path, monkeypatch):
+    sol, les = tmp_path / "solutions", tmp_path / "lessons"
+    sol.mkdir()
+    path = make_nb(sol)
+    monkeypatch.setattr(build, "SOLUTIONS", sol)
+    monkeypatch.setattr(build, "LESSONS", les)
+    build.build_lessons()
+    nb = nbformat.read(str(les / path.name), 4)
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="kept\n")]
+    nb.cells[1].execution_count = 1
+    nbformat.write(nb, str(les / path.name))
+    src = nbformat.read(str(path), 4)
+    src.cells[5].source = "y = 3"
+    nbformat.write(src, str(path))
+    build.build_lessons()
+    again = nbformat.read(str(les / path.name), 4)
+    assert again.cells[1].outputs[0]["text"] == "kept\n"
+    assert again.cells[5].source == "y = 3"
+
+
+def test_cli_reports_errors_without_traceback(tmp_path, monkeypatch, capsys):
+    sol = tmp_path / "solutions"
+    sol.mkdir()
+    make_nb(sol, cells=[solution_cell(stub=""), new_code_cell('check("01-demo", f)')])
+    monkeypatch.setattr(build, "SOLUTIONS", sol)
+    monkeypatch.setattr(build, "LESSONS", tmp_path / "lessons")
+    assert build.main(["lessons", "--check"]) == 2
+    assert "empty stub" in capsys.readouterr().err

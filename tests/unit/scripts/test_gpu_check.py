@@ -1,0 +1,289 @@
+"""The GPU check's own logic, on the CPU: the checks it runs must be able to fail."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def memory_gpu():
+    return _load(ROOT / "tests" / "gpu" / "test_memory_gpu.py", "memory_gpu_under_test")
+
+
+def _virtual_oom(memory_gpu, capacity, grid=None):
+    """oom_check with the virtual GPU on both sides (what --selftest-cpu compares, fast)."""
+    kwargs = {} if grid is None else {"grid": grid}
+    return memory_gpu.oom_check("mlp", capacity, real_fits=memory_gpu.fits_virtual, **kwargs)
+
+
+def test_memory_gpu_oom_limit_lies_inside_the_grid(memory_gpu):
+    """With the GPU check's cap and grid the MLP really runs out of memory inside the grid."""
+    oom = _virtual_oom(memory_gpu, memory_gpu.OOM_CAPACITY)
+    assert memory_gpu.limit_inside_grid(oom) == []
+    assert oom["grid_first"] < oom["virtual_max_batch"] < oom["grid_last"]
+
+
+def test_memory_gpu_old_cap_is_caught(memory_gpu):
+    """The old 2 GiB cap never ran out of memory on the grid: the check now says so."""
+    oom = _virtual_oom(memory_gpu, "2 GiB")
+    assert oom["virtual_max_batch"] == oom["grid_last"] == 16384
+    problems = memory_gpu.limit_inside_grid(oom)
+    assert len(problems) == 2 and "not strictly inside the grid 64..16384" in problems[0]
+
+
+# ------------------------------------------------ the runner (scripts/gpu_check.py)
+@pytest.fixture(scope="module")
+def gpu_check():
+    return _load(ROOT / "scripts" / "gpu_check.py", "gpu_check_under_test")
+
+
+def _notebook(path: Path, *sources: str) -> Path:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# A tiny notebook")]
+    nb.cells += [nbformat.v4.new_code_cell(s) for s in sources]
+    nbformat.write(nb, path)
+    return path
+
+
+TF_CELL = """try:
+    import tensorflow as tf
+except ImportError as exc:  # a TensorFlow cell skips with a printed reason
+    print(f"skipped: TensorFlow is not installed ({exc})")
+else:
+    print("TensorFlow", tf.__version__)"""
+
+
+def test_dry_run_end_to_end_writes_valid_records(gpu_check, tmp_path):
+    """The dry run of a quick part: a notebook that passes, one whose assert fails, and one
+    tests/gpu file with its CPU stand-in; TensorFlow hidden (the no-TensorFlow path)."""
+    good = _notebook(tmp_path / "good.ipynb", "x = sum(range(10))\nassert x == 45\nprint(x)",
+                     TF_CELL)
+    bad = _notebook(tmp_path / "bad.ipynb", "raise ValueError('shown on purpose')",
+                    "x = 2 + 2\nassert x == 5, f'x is {x}'")
+    import nbformat
+
+    nb = nbformat.read(bad, as_version=4)
+    nb.cells[1].metadata["tags"] = ["raises-exception"]  # an error the lesson expects
+    nbformat.write(nb, bad)
+    nb = nbformat.read(good, as_version=4)  # a lesson cell tagged 'tensorflow' (tf_cells.py)
+    nb.cells.append(nbformat.v4.new_code_cell("import tensorflow as tf\nprint(tf.__version__)",
+                                              metadata={"tags": ["tensorflow"]}))
+    nbformat.write(nb, good)
+    out, results = tmp_path / "out", tmp_path / "results"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--out", str(out),
+         "--results-dir", str(results), "--hide-tensorflow", "--notebooks", str(good), str(bad),
+         "--gpu-tests", "tests/gpu/test_ddp_nccl_gpu.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})  # a CPU dry run on any machine
+    assert done.returncode == 1, done.stdout + done.stderr  # bad.ipynb fails the part
+    record = json.loads((out / "custom.json").read_text())
+    assert gpu_check.validate_record(record) == []
+    assert record["dry_run"] is True and record["status"] == "failed"
+    assert record["label"].endswith("DRY RUN on the CPU")
+    assert record["environment"]["tensorflow"] is None  # hidden
+    assert record["host_rss_budget_mib"] == gpu_check.CPU_KERNEL_BUDGET_MIB
+    steps = {s["name"]: s for s in record["steps"]}
+    assert steps[str(good)]["status"] == "passed"
+    assert 0 < steps[str(good)]["kernel_peak_rss_mib"] < gpu_check.CPU_KERNEL_BUDGET_MIB
+    assert steps[str(bad)]["status"] == "failed"
+    assert steps[str(bad)]["detail"] == "cell 2: AssertionError: x is 4"
+    assert steps["pytest tests/gpu/test_ddp_nccl_gpu.py"]["status"] == "passed"
+    assert steps["tests/gpu/test_ddp_nccl_gpu.py --selftest-cpu"]["status"] == "passed"
+    executed = nbformat.read(out / "notebooks" / "good.ipynb", as_version=4)
+    printed = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
+    assert "skipped: TensorFlow is not installed (No module named 'tensorflow')" in printed
+    assert "(this cell needs TensorFlow)" in printed  # the tagged cell was skipped, not run
+    assert "==== gpu-check part custom: FAILED" in done.stdout
+    assert "host memory budget per kernel: 1536 MiB" in done.stdout
+    assert not results.exists()  # a dry run never writes tests/gpu/results
+    assert (out / "logs" / "custom.log").is_file()
+    assert not (out / "hide-tensorflow").exists()
+
+
+def _record(gpu_check, **changes) -> dict:
+    env = {"python": "3.11.7", "cpu_count": 16, "gpus": [{"name": "NVIDIA H200",
+                                                          "uuid": "GPU-1"}],
+           "gpu_visibility": {"verdict": "usable", "message": "torch sees 1 GPU(s)"},
+           "driver": "580.65.06", "torch": "2.13.0", "torch_cuda": "13.0", "cudnn": "92000",
+           "tensorflow": None, "tf_cuda": None, "tf_cudnn": None, "cuda_libraries": {}}
+    record = {"kind": gpu_check.PART_KIND, "schema_version": 1, "part": "gpu",
+              "dry_run": False, "date": "2026-12-03T08:00:00Z", "label": "NVIDIA H200 ...",
+              "status": "passed", "seconds": 12.5, "environment": env,
+              "host_rss_budget_mib": 6144, "written": ["gpu-check-results/x/gpu.json"],
+              "steps": [{"name": "pytest tests/gpu", "kind": "pytest", "status": "passed",
+                         "seconds": 10.0, "log": "logs/gpu.log", "detail": "exit code 0"}]}
+    record.update(changes)
+    return record
+
+
+def test_schema_accepts_a_complete_record(gpu_check):
+    assert gpu_check.validate_record(_record(gpu_check)) == []
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ({"dry_run": "no"}, "record.dry_run"),
+    ({"kind": "something else"}, "kind: expected"),
+    ({"status": "passed", "steps": [{"name": "n", "kind": "notebook", "status": "failed",
+                                     "seconds": 1, "log": "l", "detail": "d",
+                                     "kernel_peak_rss_mib": 800.0}]},
+     "passed although a step failed"),
+    ({"date": "yesterday"}, "date: 'yesterday'"),
+    ({"steps": []}, "steps: empty"),
+])
+def test_schema_rejects_broken_records(gpu_check, change, problem):
+    problems = gpu_check.validate_record(_record(gpu_check, **change))
+    assert any(problem in p for p in problems), problems
+
+
+def test_schema_wants_a_gpu_in_a_real_run_and_the_labels(gpu_check):
+    record = _record(gpu_check)
+    record["environment"]["gpus"] = []
+    assert "a record that is not a dry run needs a GPU" in " ".join(
+        gpu_check.validate_record(record))
+    del record["environment"]["driver"]
+    assert any("missing 'driver'" in p for p in gpu_check.validate_record(record))
+
+
+def test_schema_of_results_recorded_by_gpu_tests(gpu_check):
+    memory = {"kind": gpu_check.RECORDED_KIND, "script": "tests/gpu/test_memory_gpu.py",
+              "date": "2026-12-03", "dry_run": False,
+              "hardware": {"gpu": "NVIDIA H200", "driver": "580.65.06", "torch": "2.13.0"}}
+    assert gpu_check.validate_record(memory) == []
+    assert any("a recorded GPU result must come from a real GPU run" in p
+               for p in gpu_check.validate_record({**memory, "dry_run": True}))
+    del memory["hardware"]["driver"]
+    assert gpu_check.validate_record(memory) == ["hardware: missing 'driver'"]
+    throughput = {"kind": gpu_check.RECORDED_KIND, "script": "tests/gpu/throughput_gpu.py",
+                  "date": "2026-12-03", "hardware": {"gpu": "NVIDIA H200", "driver": "580.1"},
+                  "versions": {"torch": "2.13.0"}}
+    assert gpu_check.validate_record(throughput) == []
+    cpu_run = {**throughput, "hardware": {"cpu_cores": 2}}  # --device cpu: names no GPU
+    assert "hardware: missing 'gpu'" in gpu_check.validate_record(cpu_run)
+
+
+def test_every_committed_results_file_validates(gpu_check):
+    for path in sorted(gpu_check.RESULTS_DIR.glob("*.json")):
+        data = json.loads(path.read_text())
+        assert gpu_check.validate_record(data) == [], path.name
+
+
+def test_a_part_that_passed_is_skipped_unless_forced(gpu_check, tmp_path, monkeypatch):
+    record = _record(gpu_check, part="unit")
+    (tmp_path / "unit.json").write_text(json.dumps(record))
+
+    def no_probe(env):
+        raise AssertionError("re-ran a part that had passed")
+
+    monkeypatch.setattr(gpu_check, "probe_environment", no_probe)
+    again = gpu_check.run_part("unit", [], out_dir=tmp_path, dry_run=False, force=False,
+                               results_dir=None)
+    assert again == record
+    with pytest.raises(AssertionError, match="re-ran"):
+        gpu_check.run_part("unit", [], out_dir=tmp_path, dry_run=False, force=True,
+                           results_dir=None)
+    (tmp_path / "unit.json").write_text(json.dumps({**record, "status": "failed"}))
+    with pytest.raises(AssertionError, match="re-ran"):  # a failed part always re-runs
+        gpu_check.run_part("unit", [], out_dir=tmp_path, dry_run=False, force=False,
+                           results_dir=None)
+
+
+def test_parts_cover_every_solutions_notebook_once(gpu_check):
+    listed = [s for stems in gpu_check.NOTEBOOK_PARTS.values() for s in stems]
+    assert sorted(listed) == sorted(p.stem for p in (ROOT / "solutions").glob("*.ipynb"))
+    table = gpu_check.parts(dry_run=True, workers=1, out_dir=Path("/nonexistent"))
+    assert list(table)[:3] == ["unit", "gpu-a", "gpu-b"]
+    unit = table["unit"][0].command
+    assert unit[unit.index("-m", 2) + 1] == "not browser and not gpu"
+    in_parts = [f for part in gpu_check.GPU_PARTS for f in gpu_check.gpu_test_files(part)]
+    assert sorted(in_parts) == sorted(
+        f"tests/gpu/{p.name}" for p in (ROOT / "tests" / "gpu").glob("test_*.py"))
+    dry = [s.command for part in gpu_check.GPU_PARTS for s in table[part]]
+    assert [sys.executable, "tests/gpu/test_ddp_nccl_gpu.py", "--selftest-cpu"] in dry
+    assert [sys.executable, gpu_check.THROUGHPUT, "--device", "cpu", "--quick", "--out",
+            "/nonexistent/throughput-cpu.json"] in dry
+    real = [s.command for part in gpu_check.GPU_PARTS for s in gpu_check.parts(False, 1)[part]]
+    assert [sys.executable, gpu_check.THROUGHPUT] in real
+    assert not any("--selftest-cpu" in c or "cpu" in c for c in real)
+
+
+# ---------------------------------------------------------------- tests/gpu/conftest.py
+FAKE_VERDICT = """
+import helpers.core.gpu_visibility as gv
+gv.gpu_visibility = lambda: gv.GpuVisibility({verdict!r}, {message!r})
+"""
+
+
+@pytest.mark.parametrize(("verdict", "expected"), [
+    ("broken", "GPU visibility: BROKEN: driver 570 is too old"),
+    ("hidden", "[GPU visibility: HIDDEN: CUDA_VISIBLE_DEVICES='' hides"),
+])
+def test_gpu_tests_fail_when_broken_and_skip_when_hidden(tmp_path, verdict, expected):
+    message = ("driver 570 is too old" if verdict == "broken"
+               else "CUDA_VISIBLE_DEVICES='' hides all 1 GPU(s) on purpose")
+    (tmp_path / "fake_verdict.py").write_text(FAKE_VERDICT.format(verdict=verdict,
+                                                                  message=message))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/gpu/test_ddp_nccl_gpu.py", "-m", "gpu", "-q",
+         "-rEs", "-p", "fake_verdict", "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}",
+             "CUDA_VISIBLE_DEVICES": ""})  # as hidden as the fake verdict says
+    assert expected in done.stdout, done.stdout + done.stderr
+    if verdict == "broken":
+        assert done.returncode == 1 and "1 error" in done.stdout
+    else:
+        assert done.returncode == 0 and "1 skipped" in done.stdout
+
+
+def test_a_real_run_copies_its_record_for_committing(gpu_check, tmp_path, monkeypatch):
+    """Not a dry run (the GPU stood in for by a probe answer): the record lands in the results
+    folder as gpu-check-<part>.json, valid, labelled with the GPU and the budget for CUDA."""
+    env = _record(gpu_check)["environment"]
+    monkeypatch.setattr(gpu_check, "probe_environment", lambda child_env: env)
+    step = gpu_check.Step("a step", "script", [sys.executable, "-c", "print('hello')"])
+    results = tmp_path / "results"
+    record = gpu_check.run_part("gpu-b", [step], out_dir=tmp_path / "out", dry_run=False,
+                                force=False, results_dir=results)
+    copy = json.loads((results / "gpu-check-gpu-b.json").read_text())
+    assert copy == record and gpu_check.validate_record(copy) == []
+    assert record["status"] == "passed" and record["dry_run"] is False
+    assert record["host_rss_budget_mib"] == gpu_check.HOST_RSS_BUDGET_MIB
+    assert record["label"].startswith("NVIDIA H200 (driver 580.65.06), torch 2.13.0 (CUDA 13.0")
+    assert "hello" in (tmp_path / "out" / "logs" / "gpu-b.log").read_text()
+    assert str(results / "gpu-check-gpu-b.json") in record["written"]
+
+
+def test_tensorflow_gpu_kernel_part_skips_without_that_kernel(gpu_check, tmp_path, monkeypatch):
+    """notebooks-tf runs lesson 02 in the TensorFlow GPU kernel, or says why it cannot."""
+    steps = gpu_check.parts(dry_run=True, workers=1)["notebooks-tf"]
+    assert [(s.notebook, s.kernel) for s in steps] == [
+        ("solutions/02_tensorflow_gpu.ipynb", gpu_check.TF_KERNEL)]
+    env = _record(gpu_check)["environment"]
+    monkeypatch.setattr(gpu_check, "probe_environment", lambda child_env: env)
+    monkeypatch.setattr(gpu_check, "kernel_installed", lambda name: name == "python3")
+    record = gpu_check.run_part("notebooks-tf", steps, out_dir=tmp_path, dry_run=True,
+                                force=False, results_dir=None)
+    assert record["steps"][0]["status"] == "skipped"
+    assert "'gpu-lessons-tf' is not installed" in record["steps"][0]["detail"]
+    assert gpu_check.validate_record(record) == [], record.get("schema_problems")
+    assert record["status"] == "passed"

@@ -1,0 +1,385 @@
+"""Lesson 08's checker: the challenge's claims, what it counts, and bad input."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint_sequential
+
+import helpers
+from helpers.oom import LargeResNet, SyntheticImages, TrainingCheck
+from helpers.oom import original_step as plain
+
+
+@pytest.fixture(autouse=True)
+def cpu_device(monkeypatch):
+    monkeypatch.setattr("helpers.core.environment.pick_device",
+                        lambda *a, **k: torch.device("cpu"))
+
+
+def small_resnet(width=16, n_classes=1000):
+    """A ResNet-18 with the same constructor arguments as LargeResNet (fast to check)."""
+    return helpers.ResNet(18, width=width, n_classes=n_classes)
+
+
+def accumulate_in_step(k):
+    def make(model, optimizer):
+        def step(data, labels):
+            optimizer.zero_grad()
+            total = 0.0
+            for x, y in zip(data.chunk(k), labels.chunk(k), strict=True):
+                loss = nn.functional.cross_entropy(model(x), y) / k
+                loss.backward()
+                total += loss.detach()
+            optimizer.step()
+            return total
+        return step
+    return make
+
+
+def accumulate_over_calls(every):
+    def make(model, optimizer):
+        calls = 0
+
+        def step(data, labels):
+            nonlocal calls
+            loss = nn.functional.cross_entropy(model(data), labels) / every
+            loss.backward()
+            calls += 1
+            if calls % every == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+            return loss
+        return step
+    return make
+
+
+def check(make_step, **kwargs):
+    kwargs.setdefault("model", small_resnet)
+    kwargs.setdefault("gpu", "8 GiB")
+    return helpers.check_training(make_step, **kwargs)
+
+
+# ------------------------------------------------------------------------- the lesson's claims
+@pytest.mark.slow
+def test_the_workshop_script_does_not_fit_an_l40s_and_batch_32_does():
+    original = check(plain, model=None, gpu="L40S", batch_size=256, small_steps=1)
+    assert not original.fits and not original.passed
+    assert "CUDA out of memory" in original.oom
+    assert original.needed_bytes > helpers.KNOWN_GPUS["L40S"] * 1.3
+    assert original.effective_batch == original.micro_batch == 256
+    smaller = check(plain, model=None, gpu="L40S", batch_size=32, small_steps=1)
+    assert smaller.passed and smaller.peak_bytes < 0.3 * helpers.KNOWN_GPUS["L40S"]
+
+
+def test_large_resnet_is_resnet_200():
+    net = LargeResNet()
+    assert helpers.count_parameters(net) == 64_673_832
+    assert len(net.layers) == 3 + 24 + 36 + 3
+    assert isinstance(net, helpers.ResNet) and net.depth == 200
+
+
+# ------------------------------------------------------------------------- what it counts
+def test_a_fitting_step_reports_the_peak_the_virtual_gpu_saw():
+    result = check(plain, batch_size=16)
+    assert result.fits and result.passed and result.oom is None
+    card = helpers.VirtualGPU("8 GiB", fake=True, rounding=True, context_bytes="500 MiB")
+    with card:
+        net = small_resnet()
+        opt = torch.optim.Adam(net.parameters())
+        step = plain(net, opt)
+        for _ in range(2):
+            step(torch.randn(16, 3, 224, 224), torch.randint(0, 1000, (16,)))
+    assert result.peak_bytes == card.context_bytes + card.peak_reserved_bytes
+    assert result.bytes == result.peak_bytes
+    assert result.updates == 2 and result.micro_batch == result.effective_batch == 16
+    assert len(result.losses) == 3 and result.loss_finite
+
+
+def test_an_oom_reports_what_the_step_needs():
+    fits = check(plain, batch_size=64, gpu="64 GiB")
+    result = check(plain, batch_size=64, gpu=fits.peak_bytes // 2)
+    assert not result.fits and result.peak_bytes is None
+    assert result.needed_bytes == fits.peak_bytes
+    assert result.share == pytest.approx(2, rel=0.01)
+    assert "does not fit" in result.text() and "torch.OutOfMemoryError" in result.text()
+
+
+def test_accumulation_in_one_call_keeps_the_effective_batch():
+    result = check(accumulate_in_step(4), batch_size=32)
+    assert result.micro_batch == 8 and result.effective_batch == 32
+    direct = check(plain, batch_size=32)
+    assert result.peak_bytes < direct.peak_bytes
+
+
+def test_accumulation_over_calls_is_counted_too():
+    result = check(accumulate_over_calls(3), batch_size=8)
+    assert result.micro_batch == 8 and result.effective_batch == 24 and result.updates == 2
+
+
+def test_a_loss_that_is_not_finite_fails_the_check():
+    def diverging(model, optimizer):
+        inner = plain(model, optimizer)
+
+        def step(data, labels):
+            loss = inner(data, labels)
+            return loss * float("nan")
+        return step
+
+    result = check(diverging, batch_size=8)
+    assert result.fits and not result.loss_finite and not result.passed
+    assert "NOT finite" in result.text()
+    assert any(math.isnan(v) for v in result.losses)
+
+
+def test_the_result_shows_as_text_and_html():
+    result = check(plain, batch_size=8, name="batch 8")
+    assert result.text().startswith("batch 8: passes.")
+    html = result._repr_html_()
+    assert "batch 8" in html and "passes" in html and "<table>" in html
+    assert repr(result) == result.text()
+
+
+def test_fix_table_and_plot():
+    results = {"a": check(plain, batch_size=8, name="a"),
+               "b": check(plain, batch_size=256, gpu="600 MiB", name="b")}
+    table = helpers.fix_table(results)
+    assert [row[0] for row in table.rows] == ["a", "b"]
+    assert table.rows[0][1] == "yes" and table.rows[1][1] == "no (OOM)"
+    fig = helpers.plot_fixes(list(results.values()))
+    ax = fig.axes[0]
+    assert len(ax.patches) == 2 and len(ax.lines) == 1   # two bars, the capacity line
+    with pytest.raises(TypeError, match="check_training"):
+        helpers.fix_table([])
+    with pytest.raises(TypeError, match="check_training"):
+        helpers.plot_fixes(["not a result"])
+
+
+def test_count_flops_sees_recomputation_and_not_the_batch():
+    class Checkpointed(nn.Module):
+        def __init__(self, **kwargs):
+            super().__init__()
+            self.net = small_resnet(**kwargs)
+
+        def forward(self, x):
+            h = checkpoint_sequential(self.net.layers, 2, self.net.stem(x), use_reentrant=False)
+            return self.net.head(h)
+
+    per_sample = helpers.count_flops(plain, batch_size=2, model=small_resnet)
+    assert per_sample == helpers.count_flops(plain, batch_size=4, model=small_resnet)
+    assert helpers.count_flops(plain, batch_size=2, model=Checkpointed) > 1.1 * per_sample
+
+
+def test_synthetic_images():
+    data = SyntheticImages(10, size=8, n_classes=4)
+    image, label = data[3]
+    assert len(data) == 10 and image.shape == (3, 8, 8) and label.item() == 3
+    assert [int(data[i][1]) for i in range(10)] == [i % 4 for i in range(10)]
+    assert "10 x 3x8x8" in repr(data)
+    assert torch.equal(data[3][0], image) and not torch.equal(data[4][0], image)
+    assert torch.equal(data[-7][0], image)
+    with pytest.raises(IndexError, match="out of range"):
+        data[10]
+    with helpers.full_scale():
+        fake_image, _ = SyntheticImages(2)[0]
+        assert type(fake_image).__name__ == "FakeTensor" and fake_image.shape == (3, 224, 224)
+        batches = list(torch.utils.data.DataLoader(SyntheticImages(6, size=8), batch_size=4))
+        assert [tuple(b[0].shape) for b in batches] == [(4, 3, 8, 8), (2, 3, 8, 8)]
+        assert all(type(b[0]).__name__ == "FakeTensor" for b in batches)
+    original_init = torch.utils.data.dataloader._BaseDataLoaderIter.__init__
+    assert original_init.__name__ == "__init__"   # the full-scale patch is gone again
+    with pytest.raises(ValueError, match="n_samples"):
+        SyntheticImages(0)
+    with pytest.raises(TypeError, match="seed"):
+        SyntheticImages(4, seed=1.5)
+
+
+# ------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(batch_size=0), ValueError, "batch_size must be a positive integer"),
+    (dict(batch_size=True), ValueError, "batch_size"),
+    (dict(batch_size="32"), ValueError, "batch_size"),
+    (dict(small_steps=0), ValueError, "small_steps"),
+    (dict(gpu="L40"), ValueError, "L40S"),
+    (dict(gpu="300 MiB"), ValueError, "more memory than the 500 MiB"),
+    (dict(device="gpu0"), ValueError, "not a torch device"),
+    (dict(name=3), TypeError, "name must be a string"),
+    (dict(model=LargeResNet(width=8)), TypeError, "not an instance"),
+    (dict(optimizer=42), TypeError, "optimizer must be a class or a function"),
+])
+def test_bad_arguments_are_explained(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        check(plain, **kwargs)
+
+
+def test_bad_make_step_and_steps_are_explained():
+    with pytest.raises(TypeError, match=r"make_step\(model, optimizer\)"):
+        helpers.check_training("train.py")
+    with pytest.raises(TypeError, match="must return a function step"):
+        check(lambda model, optimizer: None)
+
+    def returns_nothing(model, optimizer):
+        def step(data, labels):
+            plain(model, optimizer)(data, labels)
+        return step
+
+    with pytest.raises(TypeError, match="must return the loss"):
+        check(returns_nothing)
+
+    def never_steps(model, optimizer):
+        def step(data, labels):
+            loss = nn.functional.cross_entropy(model(data), labels)
+            loss.backward()
+            return loss
+        return step
+
+    with pytest.raises(ValueError, match="never stepped"):
+        check(never_steps, batch_size=2)
+
+    def prints_the_loss(model, optimizer):
+        inner = plain(model, optimizer)
+
+        def step(data, labels):
+            loss = inner(data, labels)
+            print(f"loss {loss.item():.3f}")
+            return loss
+        return step
+
+    with pytest.raises(RuntimeError, match="fake tensors"):
+        check(prints_the_loss, batch_size=2)
+
+    def no_kwargs():
+        return small_resnet()
+
+    with pytest.raises(TypeError, match="must accept these keyword arguments"):
+        check(plain, model=no_kwargs, batch_size=2)
+    with pytest.raises(TypeError, match="must build an nn.Module"):
+        check(plain, model=lambda **kw: "resnet", batch_size=2)
+
+
+def test_the_result_type_is_exported():
+    assert helpers.TrainingCheck is TrainingCheck
+
+
+# ------------------------------------------------------------------------- on a real CUDA GPU
+class _FakeCuda:
+    """torch.cuda of a 141 GiB GPU with a caching allocator: a freed block stays reserved
+    (cached) until empty_cache(). Records what the checker calls, in order."""
+
+    GiB = 2**30
+
+    def __init__(self, total=141 * GiB, outside=600 * 2**20):
+        self.total, self.outside = total, outside
+        self.live = self.cached = self.peak = 0
+        self.fraction = 1.0
+        self.events = []
+
+    def alloc(self, nbytes):
+        """A stand-in for tensors of ``nbytes``: freed (into the cache) when collected."""
+        import weakref
+
+        class Block:
+            pass
+
+        block = Block()
+        self.live += nbytes
+        self.peak = max(self.peak, self.live + self.cached)
+
+        def free():
+            self.live -= nbytes
+            self.cached += nbytes
+
+        weakref.finalize(block, free)
+        return block
+
+    def install(self, monkeypatch):
+        from types import SimpleNamespace
+
+        cuda = torch.cuda
+        reserved = lambda *a: self.live + self.cached  # noqa: E731
+        monkeypatch.setattr(cuda, "is_available", lambda: True)
+        monkeypatch.setattr(cuda, "get_device_properties",
+                            lambda *a: SimpleNamespace(total_memory=self.total,
+                                                       name="NVIDIA H200"))
+        monkeypatch.setattr(cuda, "get_device_name", lambda *a: "NVIDIA H200")
+        monkeypatch.setattr(cuda, "mem_get_info",
+                            lambda *a: (self.total - self.outside - reserved(), self.total))
+        monkeypatch.setattr(cuda, "memory_reserved", reserved)
+        monkeypatch.setattr(cuda, "max_memory_reserved", lambda *a: self.peak)
+
+        def reset_peak(*a):
+            self.peak = reserved()
+            self.events.append(("reset_peak", reserved()))
+
+        def empty_cache():
+            self.events.append(("empty_cache", self.cached))
+            self.cached = 0
+
+        def set_fraction(fraction, *a):
+            self.fraction = fraction
+
+        monkeypatch.setattr(cuda, "reset_peak_memory_stats", reset_peak)
+        monkeypatch.setattr(cuda, "empty_cache", empty_cache)
+        monkeypatch.setattr(cuda, "set_per_process_memory_fraction", set_fraction)
+
+
+_WEIGHTS, _FAILED_ACTIVATIONS, _RUN = 1 * 2**30, 40 * 2**30, 60 * 2**30
+
+
+@pytest.fixture
+def real_gpu(monkeypatch):
+    """check_training on a (simulated) H200: the runs are stubbed, torch.cuda answers."""
+    import helpers.oom as oom
+
+    gpu = _FakeCuda()
+    gpu.install(monkeypatch)
+    gpu.error = None
+
+    def build(model_factory, opt_factory, device, **kwargs):
+        return gpu.alloc(_WEIGHTS), object()
+
+    def run_steps(make_step, net, opt, **kwargs):
+        gpu.events.append(("run", gpu.fraction))
+        if gpu.fraction < 1:   # capped to the L40S: fails part-way, as a real run would
+            activations = gpu.alloc(_FAILED_ACTIVATIONS)  # noqa: F841 (held by the traceback)
+            raise gpu.error
+        activations = gpu.alloc(_RUN)
+        del activations
+        return oom._Run(calls=2, updates=2, micro_batch=256, samples=512, losses=[2.3, 2.3])
+
+    monkeypatch.setattr(oom, "_build", build)
+    monkeypatch.setattr(oom, "_run_steps", run_steps)
+    monkeypatch.setattr(oom, "_small_scale", lambda *a, **k: oom._Run(
+        calls=3, updates=3, micro_batch=256, samples=768, losses=[2.3, 2.3, 2.3]))
+    return gpu
+
+
+_OOM = "CUDA out of memory. Tried to allocate 196.00 MiB. GPU 0 has a total capacity of ..."
+_CUBLAS = "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+
+
+@pytest.mark.parametrize("error, shown", [
+    (torch.OutOfMemoryError(_OOM), "torch.OutOfMemoryError (tried to allocate 196.00 MiB)"),
+    (RuntimeError(_CUBLAS), "CUBLAS_STATUS_ALLOC_FAILED"),
+    (torch.AcceleratorError("CUDA error: out of memory"), "CUDA error: out of memory"),
+])
+def test_on_a_cuda_gpu_the_uncapped_retry_starts_from_released_memory(real_gpu, error, shown):
+    real_gpu.error = error
+    result = helpers.check_training(plain, batch_size=256, gpu="L40S", device="cuda")
+    assert not result.fits and f"does not fit on the L40S: {shown};" in result.text()
+    assert result.source.startswith("NVIDIA H200, real allocator capped to the L40S's")
+    runs = [i for i, e in enumerate(real_gpu.events) if e[0] == "run"]
+    assert [real_gpu.events[i][1] < 1 for i in runs] == [True, False]
+    # the failed run's weights and activations were given back before the uncapped run ...
+    between = real_gpu.events[runs[0]:runs[1]]
+    assert ("empty_cache", _WEIGHTS + _FAILED_ACTIVATIONS) in between
+    assert between[-1] == ("reset_peak", 0)
+    # ... so what it needs is the uncapped run's peak, not that plus the failed run's cache
+    assert result.needed_bytes == real_gpu.outside + _WEIGHTS + _RUN
+
+
+def test_on_a_cuda_gpu_an_error_other_than_oom_is_raised(real_gpu):
+    real_gpu.error = RuntimeError("cuDNN error: CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH")
+    with pytest.raises(RuntimeError, match="SUBLIBRARY_VERSION_MISMATCH"):
+        helpers.check_training(plain, batch_size=256, gpu="L40S", device="cuda")
