@@ -19,6 +19,17 @@ import pytest
 
 from helpers.authoring.build import KERNEL_ENV, kernel_peak_rss_mib
 
+try:  # property tests (tests/unit/**/test_*properties*): the same examples on every run
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        "ci", derandomize=True, deadline=None, database=None, max_examples=60,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
+    settings.register_profile("explore", deadline=None, max_examples=1000)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+except ImportError:  # nbval-only environments
+    pass
+
 # 1.5 GiB: a Binder-sized machine. The GPU test mode (scripts/gpu_check.py) states its own
 # host-memory budget for CUDA kernels and passes it down in GPU_LESSONS_KERNEL_BUDGET_MIB.
 KERNEL_PEAK_BUDGET_MIB = int(os.environ.get("GPU_LESSONS_KERNEL_BUDGET_MIB", "1536"))
