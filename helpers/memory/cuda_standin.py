@@ -415,7 +415,7 @@ class SimulatedCuda:
         self._initialise()
         index, d = self._device(device, "mem_get_info")
         if self._backed(index):
-            return self.gpu.mem_get_info()
+            return self.gpu.free_bytes, self.gpu.capacity_bytes
         return d.total_bytes - d.reserved_bytes - d.other_bytes, d.total_bytes
 
     def empty_cache(self) -> None:
