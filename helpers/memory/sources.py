@@ -64,6 +64,10 @@ class MemorySource:
         """Bytes the device uses outside this counter (a CUDA context, other processes)."""
         return 0
 
+    def device_used(self) -> int | None:
+        """Bytes the whole device has in use, every process included; None if unknown."""
+        return None
+
     def sync(self) -> None:
         """Wait for queued work, so the next reading includes it."""
 
@@ -76,14 +80,16 @@ class MemorySource:
 
 
 class VirtualGpuSource(MemorySource):
-    """A :class:`helpers.VirtualGPU`'s exact (or CUDA-rounded) accounting."""
+    """A :class:`helpers.VirtualGPU`'s exact (or CUDA-rounded) accounting.  ``gpu`` may be
+    any object with ``capacity_bytes``, ``allocated_bytes``, ``reserved_bytes`` and
+    ``context_bytes`` (the gauges accept such stand-ins); peaks need a real VirtualGPU."""
 
     exact = True
 
     def __init__(self, gpu):
         self.gpu = gpu
-        self.name = f"virtual GPU {gpu.name}"
-        self.total = gpu.capacity_bytes
+        self.name = f"virtual GPU {getattr(gpu, 'name', 'stand-in')}"
+        self.total = int(gpu.capacity_bytes)
 
     def read(self) -> int:
         return self.gpu.allocated_bytes
@@ -106,9 +112,16 @@ class VirtualGpuSource(MemorySource):
     def outside(self) -> int:
         return self.gpu.context_bytes
 
+    def device_used(self) -> int:
+        return self.gpu.context_bytes + self.gpu.reserved_bytes
+
 
 class CudaSource(MemorySource):
-    """PyTorch's CUDA caching allocator on one device (default: the current one)."""
+    """PyTorch's CUDA caching allocator on one device (default: the current one).
+
+    Making one never starts a CUDA context (the gauges make one per reading): ``total`` is
+    asked from the device on first use.
+    """
 
     exact = True
 
@@ -116,16 +129,21 @@ class CudaSource(MemorySource):
         import torch
 
         self.torch = torch
-        if device is None:
-            self.index = torch.cuda.current_device()
-        else:
+        index = None
+        if device is not None:
             device = torch.device(device)
             if device.type != "cuda":
                 raise ValueError(f"device must be a CUDA device, got {str(device)!r}")
-            self.index = torch.cuda.current_device() if device.index is None else device.index
-        self.device = torch.device("cuda", self.index)
-        self.name = f"cuda:{self.index}"
-        self.total = int(torch.cuda.get_device_properties(self.index).total_memory)
+            index = device.index
+        if index is None:  # the current device, without starting CUDA to ask
+            index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+        self.index = index
+        self.device = torch.device("cuda", index)
+        self.name = f"cuda:{index}"
+
+    @property
+    def total(self) -> int:
+        return int(self.torch.cuda.get_device_properties(self.index).total_memory)
 
     def read(self) -> int:
         return int(self.torch.cuda.memory_allocated(self.index))
@@ -154,6 +172,10 @@ class CudaSource(MemorySource):
     def outside(self) -> int:
         free, total = self.free_and_total()
         return max(0, total - free - self.reserved())
+
+    def device_used(self) -> int:
+        free, total = self.free_and_total()
+        return total - free
 
     def sync(self) -> None:
         self.torch.cuda.synchronize(self.index)
@@ -204,6 +226,7 @@ class ProcessRamSource(MemorySource):
             self.available = False
             self.why_not = "psutil is not installed (pip install psutil)"
             return
+        self.psutil = psutil
         self.process = psutil.Process()
         self.total = int(psutil.virtual_memory().total)
 
@@ -211,6 +234,13 @@ class ProcessRamSource(MemorySource):
         if not self.available:
             raise self._unavailable()
         return int(self.process.memory_info().rss)
+
+    def device_used(self) -> int | None:
+        """RAM in use on the machine, every process included (total - available)."""
+        if not self.available:
+            return None
+        vm = self.psutil.virtual_memory()
+        return int(vm.total - vm.available)
 
 
 class NvmlSource(MemorySource):
@@ -239,6 +269,13 @@ class NvmlSource(MemorySource):
 
     def read(self) -> int:
         return self.memory().used_bytes
+
+    def device_used(self) -> int | None:
+        """total - free, as nvidia-smi shows "used" (the driver's reserved share included)."""
+        if not self.available:
+            return None
+        mem = self.memory()
+        return mem.total_bytes - mem.free_bytes
 
 
 def memory_source(device=None) -> MemorySource:

@@ -34,6 +34,7 @@ def test_virtual_gpu_source_reads_the_virtual_gpu():
         assert source.reserved() == gpu.reserved_bytes
         assert source.peak_reserved() == gpu.peak_reserved_bytes
         assert source.outside() == 100 * 2**20
+        assert source.device_used() == 100 * 2**20 + gpu.reserved_bytes
         del x
         assert source.read() == 0
         assert source.peak() > 0
@@ -56,6 +57,7 @@ def test_process_ram_source():
     assert source.available and not source.exact
     assert source.read() > 0 and source.total > 0
     assert source.peak() is None and source.reserved() is None
+    assert 0 < source.device_used() <= source.total
     source.reset()
     source.empty_cache()  # no-ops
 
@@ -66,6 +68,7 @@ def test_process_ram_source_without_psutil(monkeypatch):
     assert not source.available
     with pytest.raises(RuntimeError, match="psutil is not installed"):
         source.read()
+    assert source.device_used() is None
 
 
 def test_cuda_source_through_simulated_cuda():
@@ -77,6 +80,7 @@ def test_cuda_source_through_simulated_cuda():
         assert (source.read(), source.reserved(), source.peak(), source.peak_reserved()) \
             == (100, 300, 100, 300)
         assert source.outside() == 1000
+        assert source.device_used() == 1300
         free, total = source.free_and_total()
         assert total == source.total and free == total - 1300
         cuda.free(100, 1)
@@ -139,13 +143,32 @@ def test_nvml_source(monkeypatch):
     monkeypatch.setattr(nvml, "gpu_memory", lambda index=0: memory)
     source = NvmlSource(0)
     assert source.available and source.total == 100 and source.read() == 40
-    assert source.memory() is memory
+    assert source.memory() is memory and source.device_used() == 40
     monkeypatch.setattr(nvml, "gpu_memory", lambda index=0: None)
     monkeypatch.setattr(nvml, "nvml_status", lambda: (False, "no driver"))
     source = NvmlSource(0)
     assert not source.available
     with pytest.raises(RuntimeError, match="no driver"):
         source.read()
+    assert source.device_used() is None
+
+
+def test_cuda_source_never_starts_cuda():
+    """The gauges make a source per reading: making one must not initialise CUDA."""
+    with SimulatedCuda("L40S") as cuda:
+        source = CudaSource()
+        assert source.name == "cuda:0" and not cuda.initialized
+        assert source.read() == 0
+
+
+def test_virtual_gpu_source_accepts_a_stand_in():
+    class StandIn:
+        capacity_bytes, allocated_bytes, reserved_bytes, context_bytes = 100, 10, 20, 5
+
+    source = VirtualGpuSource(StandIn())
+    assert source.name == "virtual GPU stand-in" and source.total == 100
+    assert (source.read(), source.reserved(), source.outside(), source.device_used()) \
+        == (10, 20, 5, 25)
 
 
 def test_base_interface_defaults():
@@ -158,6 +181,7 @@ def test_base_interface_defaults():
     c = Counter()
     assert c.read() == 7 and c.peak() is None and c.reserved() is None
     assert c.peak_reserved() is None and c.outside() == 0 and c.total is None
+    assert c.device_used() is None
     c.reset(), c.empty_cache(), c.sync()
     assert "counter" in repr(c)
     with pytest.raises(NotImplementedError):
