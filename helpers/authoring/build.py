@@ -50,7 +50,8 @@ EXERCISE_TAG = "exercise"
 # The kernel settings shared with the notebook tests (conftest.py): headless widgets, one
 # compute thread per kernel (the tests run two kernels side by side; two threads per kernel
 # on two busy cores made steps up to 40x slower), and no capture of C-level / child-process
-# output, exactly as under nbval (FACTS.md).
+# output, exactly as under nbval (`os.system('echo ...')` and libc `puts` vanish there, `print`
+# stays; capture_fd_output=False or PYTEST_CURRENT_TEST in the kernel does the same).
 KERNEL_ENV = {"GPU_LESSONS_HEADLESS": "1", "OMP_NUM_THREADS": "1",
               "PYTEST_CURRENT_TEST": "helpers.authoring.build outputs"}
 KERNEL_ARGS = ["--IPKernelApp.capture_fd_output=False"]
@@ -302,6 +303,27 @@ def personal_copy(refresh: list[str] | None = None, folder: Path | None = None) 
     return done
 
 
+def shadowing_helpers(folder: Path | None = None) -> list[Path]:
+    """A ``helpers.py`` or ``helpers/`` of the learner's own in ``folder`` (my-lessons/).
+
+    The lessons' kernels start in that folder, and Python looks there first: ``import helpers``
+    would import that file instead of the kit's package (the setup cells then stop, naming
+    it). A link to the kit's own helpers/ is not reported.
+    """
+    folder = folder or PERSONAL
+    kit = Path(__file__).resolve().parents[1]
+    return [p for p in (folder / "helpers.py", folder / "helpers")
+            if (p.exists() or p.is_symlink()) and p.resolve() != kit]
+
+
+def shadowing_warning(path: Path) -> str:
+    kind = "folder" if path.is_dir() else "file"
+    return (f"warning: {path} hides the kit's helpers package: the lessons run in "
+            f"{path.parent.name}/, so `import helpers` would import your {kind} instead. "
+            f"Rename it (for example to my_{path.stem}{path.suffix}) and import it by that "
+            f"name.")
+
+
 def _tracked_files(paths: list[str]) -> list[Path]:
     import subprocess
 
@@ -354,6 +376,8 @@ def main(argv=None) -> int:
     p_personal = sub.add_parser("personal", help="copy new lessons into my-lessons/")
     p_personal.add_argument("--refresh", nargs="+", metavar="NAME",
                             help="replace these lessons with fresh copies (yours are backed up)")
+    p_personal.add_argument("--folder", type=Path, default=None,
+                            help="the learners' folder (default: my-lessons/)")
     p_release = sub.add_parser("release", help="build a learner (or instructor) zip in dist/")
     p_release.add_argument("--solutions", action="store_true",
                            help="the bundle handed out later: learner bundle + solutions/")
@@ -382,8 +406,10 @@ def main(argv=None) -> int:
                 print(f"{ex.id:40s} {ex.notebook}")
             return 0
         if args.command == "personal":
-            for line in personal_copy(args.refresh):
+            for line in personal_copy(args.refresh, args.folder):
                 print(line)
+            for path in shadowing_helpers(args.folder):
+                print(shadowing_warning(path), file=sys.stderr)
             return 0
         if args.command == "release":
             target = release(solutions=args.solutions)

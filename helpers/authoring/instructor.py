@@ -96,7 +96,7 @@ def reveal(exercise_id: str, *, insert: bool = True):
     inserted = False
     if insert and MODE == "jupyter":
         # only from an executed cell: from a widget callback the request would be delivered
-        # with the *next* cell the user runs (FACTS.md)
+        # with the *next* cell the user runs (JupyterLab 4.6; under nbclient it is ignored)
         from IPython import get_ipython
 
         shell = get_ipython()
