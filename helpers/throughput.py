@@ -27,8 +27,6 @@ real GPU, if the kit has them.
 
 from __future__ import annotations
 
-import math
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -36,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .core.checks import positive_int
+from .core.checks import flag, positive_int, real_number, whole_number
 from .core.fmt import Table, fmt_rate, fmt_ratio
-from .core.runtime import headless, in_kernel
 from .core.timing import interleaved_rounds, sync_function
+from .watch.base import LiveView
 
 __all__ = [
     "SlowDataset", "StepTimer", "StepTimes", "compare", "Comparison", "RungResult",
@@ -49,13 +47,6 @@ __all__ = [
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "tests" / "gpu" / "results"
 RESULTS_NAME = "09_throughput"
 _WAIT_COLOUR, _COMPUTE_COLOUR, _UTIL_COLOUR = "#E69F00", "#0072B2", "#009E73"
-
-
-def _non_negative(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
-    return float(value)
 
 
 # ------------------------------------------------------------------------------ data set
@@ -70,7 +61,7 @@ class SlowDataset:
     Args:
         n_samples, n_features, n_classes: the size of the Gaussian-blob classification
             problem (see :func:`helpers.classification_data`).
-        latency_s: simulated I/O wait per sample in seconds (>= 0; default 0.5 ms).
+        latency_s: simulated I/O wait per sample in seconds (0 to 10; default 0.5 ms).
         noise: spread of each class around its centre (default 12: a model needs a few
             epochs to learn it, so loss curves fall visibly).
         seed: the data's seed.
@@ -84,7 +75,7 @@ class SlowDataset:
                  latency_s: float = 5e-4, noise: float = 12.0, seed: int = 0):
         from .core.data import classification_data
 
-        self.latency_s = _non_negative(latency_s, "latency_s")
+        self.latency_s = real_number(latency_s, "latency_s", 0.0, 10.0)
         x, y = classification_data(n_samples, n_features, n_classes, seed=seed, noise=noise)
         self.scale = 127.0 / max(float(np.abs(x).max()), 1e-6)  # floats -> bytes around 128
         self.raw = np.clip(np.rint(x * self.scale + 128.0), 0, 255).astype(np.uint8)
@@ -181,7 +172,7 @@ class StepTimes:
         return self.text()
 
 
-class StepTimer:
+class StepTimer(LiveView):
     """Time how long each training step waits for data and how long it computes (lesson 09).
 
     Wrap the loader with :meth:`wrap` and call :meth:`step` at the end of each step.  The
@@ -200,14 +191,14 @@ class StepTimer:
         min_interval: seconds between live redraws (>= 0.1).
     """
 
+    kind = "steptimer"
+    png_when_live = True  # the per-step figure follows the live bar
+
     def __init__(self, sync=None, *, gpu_util=None, show: bool = True,
                  min_interval: float = 0.25):
         self._sync = sync_function(sync)
-        if not isinstance(show, bool):
-            raise TypeError(f"show must be True or False, got {show!r}")
-        if _non_negative(min_interval, "min_interval") < 0.1:
-            raise ValueError(f"min_interval must be >= 0.1 s, got {min_interval!r}")
-        self.min_interval = float(min_interval)
+        show = flag(show, "show")
+        self._init_view(real_number(min_interval, "min_interval", 0.1, 3600.0), budget=0.01)
         self._gpu, self.gpu_util_note = self._pick_gpu(gpu_util)
         self.wait_s: list[float] = []
         self.compute_s: list[float] = []
@@ -216,11 +207,8 @@ class StepTimer:
         self._pending_wait = 0.0
         self._last_end: float | None = None
         self._next_util = 0.0
-        self._next_draw = 0.0
-        self.closed = False
-        self._widget = None
-        if show and not headless():
-            self._show()
+        if show:
+            self.show()
 
     @staticmethod
     def _pick_gpu(gpu_util):
@@ -228,9 +216,8 @@ class StepTimer:
 
         if gpu_util is False:
             return None, "GPU-Util not sampled (gpu_util=False)"
-        if gpu_util is not None and (isinstance(gpu_util, bool) or not isinstance(gpu_util, int)
-                                     or gpu_util < 0):
-            raise ValueError(f"gpu_util must be None, False or a GPU index >= 0, got {gpu_util!r}")
+        if gpu_util is not None:
+            whole_number(gpu_util, "gpu_util (None, False or a GPU index)")
         ok, why = nvml.nvml_status()
         if not ok:
             return None, f"no GPU-Util: {why}"
@@ -264,9 +251,7 @@ class StepTimer:
         """Mark the end of one training step (after the optimizer step)."""
         if self.closed:
             raise RuntimeError("this StepTimer is closed; create a new one for a new run")
-        if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int)
-                                    or samples < 0):
-            raise ValueError(f"samples must be a non-negative int, got {samples!r}")
+        samples = 0 if samples is None else whole_number(samples, "samples")
         if self._sync is not None:
             self._sync()
         now = time.perf_counter()
@@ -275,7 +260,7 @@ class StepTimer:
         wait = min(self._pending_wait, total)
         self.wait_s.append(wait)
         self.compute_s.append(total - wait)
-        self.samples.append(samples or 0)
+        self.samples.append(samples)
         self._pending_wait = 0.0
         if self._gpu is not None and now >= self._next_util:
             from .core import nvml
@@ -284,9 +269,8 @@ class StepTimer:
             if rates is not None:
                 self.util.append((len(self.wait_s) - 1, rates[0]))
             self._next_util = now + 0.2
-        if self._widget is not None and now >= self._next_draw:
-            self._widget.value = self.html()
-            self._next_draw = time.perf_counter() + self.min_interval
+        if self._widget is not None and now >= self._next:
+            self._tick()
         self._last_end = time.perf_counter()
 
     # ------------------------------------------------------------------ results
@@ -296,45 +280,26 @@ class StepTimer:
                          wait_seconds=sum(self.wait_s), compute_seconds=sum(self.compute_s),
                          gpu_util_pct=util, gpu_util_note=self.gpu_util_note)
 
+    _value = summary
+
     def close(self) -> StepTimes:
         """Finish: draw the per-step figure (in a notebook) and return the summary."""
-        if not self.closed:
-            self.closed = True
-            if self._widget is not None:
-                self._widget.value = self.html()
-            if self.wait_s and in_kernel() and \
-                    threading.current_thread() is threading.main_thread():
-                from IPython.display import display
+        return super().close()
 
-                display({"image/png": self.png(), "text/plain":
-                         f"[figure: data wait and compute per step, {len(self.wait_s)} steps]"},
-                        raw=True)
-        return self.summary()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __repr__(self) -> str:
+    def text(self) -> str:
         return self.summary().text()
 
-    # ------------------------------------------------------------------ drawing
-    def _show(self) -> None:
-        try:
-            import ipywidgets
-            from IPython.display import display
-        except ImportError:
-            return
-        self._widget = ipywidgets.HTML(value=self.html())
-        self._widget.add_class("gl-steptimer")
-        display(self._widget)
+    def _frame(self) -> str:
+        return self.html()
+
+    def _figure_caption(self) -> str:
+        n = len(self.wait_s)
+        return f"[figure: data wait and compute per step, {n} steps]" if n else ""
 
     def html(self, last: int = 120) -> str:
         """The live view: the last ``last`` steps as stacked columns (wait over compute)
         and the shares so far."""
+        last = positive_int(last, "last")
         waits, comps = self.wait_s[-last:], self.compute_s[-last:]
         totals = sorted(w + c for w, c in zip(waits, comps, strict=True))
         # scale to 3x the median step, so one slow first step (workers starting) does not

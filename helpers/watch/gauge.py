@@ -27,15 +27,15 @@ driver, library or widget front end gives plain text, never a traceback.
 from __future__ import annotations
 
 import html
-import math
 import sys
-import threading
 import time
 from dataclasses import dataclass, replace
 
 from ..core import nvml
+from ..core.checks import whole_number
 from ..core.fmt import GiB, MiB
-from ..core.runtime import headless
+from ..memory import sources
+from .base import LiveView, check_interval, polling_threads, stop_poller
 
 __all__ = [
     "MemoryReading",
@@ -44,9 +44,10 @@ __all__ = [
     "read_memory",
     "watch_gpus",
     "polling_threads",
+    "stop_poller",
+    "reset_caches",
 ]
 
-MIN_POLL_INTERVAL = 0.25  # seconds; faster polling only burns the CPU the training needs
 PROCESS_QUERY_INTERVAL = 10.0  # seconds between NVML per-process queries (never per tick)
 
 # Okabe & Ito's colour-blind-safe palette: readable on light and dark backgrounds. Every band
@@ -114,6 +115,7 @@ class MemoryReading:
 
     def bar(self, width: int = 12) -> str:
         """The used share as ``[#######.....]``."""
+        width = whole_number(width, "width", 1, 1000)
         filled = min(width, int(self.fraction * width))
         return "[" + "#" * filled + "." * (width - filled) + "]"
 
@@ -236,29 +238,25 @@ def _parse_source(source) -> tuple[str, object]:
 
 
 def _active_virtual_gpu():
-    """The memory engine's active virtual GPU, or None (also when that engine is absent)."""
-    if "torch" not in sys.modules:  # a virtual GPU is a torch dispatch mode: none without torch
-        return None
-    import helpers
-
-    current = getattr(helpers, "current_virtual_gpu", None)
-    if current is None:
+    """The active virtual GPU's source, or None (also when torch is not imported: a virtual
+    GPU is a torch dispatch mode, so there is none without it)."""
+    if "torch" not in sys.modules:
         return None
     try:
-        return current()
+        source = sources.memory_source("cpu")  # the active virtual GPU, else process RAM
     except Exception:  # noqa: BLE001 - a gauge must never break the notebook
         return None
+    return source if isinstance(source, sources.VirtualGpuSource) else None
 
 
-def _read_virtual(vgpu) -> MemoryReading:
-    capacity = int(vgpu.capacity_bytes)
-    allocated = int(vgpu.allocated_bytes)
-    reserved = int(vgpu.reserved_bytes)
-    context = int(vgpu.context_bytes)
-    name = str(getattr(vgpu, "name", "virtual GPU"))
+def _read_virtual(source) -> MemoryReading:
+    capacity, allocated, reserved, context = (
+        whole_number(value, name) for value, name in (
+            (source.total, "capacity_bytes"), (source.read(), "allocated_bytes"),
+            (source.reserved(), "reserved_bytes"), (source.outside(), "context_bytes")))
     return MemoryReading(
         label="vGPU",
-        source=f"virtual GPU '{name}' (exact accounting on the CPU)",
+        source=f"virtual GPU '{source.gpu.name}' (exact accounting on the CPU)",
         total_bytes=capacity,
         bands=(("tensors", allocated), ("cache", max(0, reserved - allocated)),
                ("other", context)),
@@ -267,22 +265,16 @@ def _read_virtual(vgpu) -> MemoryReading:
     )
 
 
-_proc = {"psutil": None}
-
-
 def _read_ram(detail: str = "") -> MemoryReading:
-    import psutil
-
-    if _proc["psutil"] is None:
-        _proc["psutil"] = psutil.Process()
-    vm = psutil.virtual_memory()
-    rss = int(_proc["psutil"].memory_info().rss)
-    other = max(0, int(vm.total) - int(vm.available) - rss)
+    source = sources.ProcessRamSource()
+    if not source.available:  # no psutil: say so instead of failing
+        return MemoryReading(label="RAM", source=f"no memory reading: {source.why_not}",
+                             total_bytes=0, bands=(), detail=detail)
     return MemoryReading(
         label="RAM",
         source="this process's RSS against system RAM (psutil)",
-        total_bytes=int(vm.total),
-        bands=(("process", rss), ("other", other)),
+        total_bytes=source.total,
+        bands=(("process", source.read()), ("other", source.outside())),
         detail=detail,
     )
 
@@ -322,33 +314,43 @@ def _torch_index_for(nvml_index: int) -> int:
     return result
 
 
-def _torch_stats(torch_index: int) -> tuple[int, int] | None:
-    """(allocated, reserved) bytes from torch.cuda, only if this process already uses CUDA."""
+def _torch_source(torch_index: int):
+    """torch.cuda's counters of device ``torch_index``, only if this process already uses
+    CUDA (a gauge never starts a CUDA context), else None."""
     torch = sys.modules.get("torch")
     if torch is None or torch_index < 0:
         return None
     try:
-        if not torch.cuda.is_initialized():  # never start a CUDA context from a gauge
+        if not torch.cuda.is_initialized():
             return None
-        return int(torch.cuda.memory_allocated(torch_index)), int(
-            torch.cuda.memory_reserved(torch_index))
+        return sources.CudaSource(f"cuda:{torch_index}")
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _torch_stats(torch_index: int) -> tuple[int, int] | None:
+    """(allocated, reserved) bytes from torch.cuda, only if this process already uses CUDA."""
+    source = _torch_source(torch_index)
+    try:
+        return None if source is None else (source.read(), source.reserved())
     except Exception:  # noqa: BLE001
         return None
 
 
 def _tf_current(tf_index: int) -> int | None:
-    """Bytes in live TensorFlow tensors on GPU ``tf_index``, only if TF already runs."""
+    """Bytes in live TensorFlow tensors on GPU ``tf_index``, only if TF's runtime already
+    runs (asking it to list its devices would start it; so would importing anything)."""
     tf = sys.modules.get("tensorflow")
-    if tf is None or tf_index < 0:
+    context = sys.modules.get("tensorflow.python.eager.context")
+    if tf is None or context is None or tf_index < 0:
         return None
     try:
-        from tensorflow.python.eager import context
-
         if context.context()._context_handle is None:  # runtime not started: leave it so
             return None
         if len(tf.config.list_logical_devices("GPU")) <= tf_index:
             return None
-        return int(tf.config.experimental.get_memory_info(f"GPU:{tf_index}")["current"])
+        source = sources.TensorFlowSource(tf.config.experimental, f"GPU:{tf_index}")
+        return source.read() if source.available else None
     except Exception:  # noqa: BLE001
         return None
 
@@ -407,8 +409,7 @@ def _cuda_reading(index: int, mem: nvml.GpuMemory | None) -> MemoryReading | Non
         total, free = mem.total_bytes, mem.free_bytes
         parts.append("NVML v2")
     elif stats is not None:  # no NVML, but torch runs on CUDA: ask the driver through torch
-        torch = sys.modules["torch"]
-        free, total = (int(x) for x in torch.cuda.mem_get_info(torch_index))
+        free, total = _torch_source(torch_index).free_and_total()
         parts.append("torch.cuda.mem_get_info")
     else:
         return None
@@ -430,6 +431,11 @@ def _cuda_reading(index: int, mem: nvml.GpuMemory | None) -> MemoryReading | Non
     )
 
 
+def _nvml_memory(index: int) -> nvml.GpuMemory | None:
+    source = sources.NvmlSource(index)
+    return source.memory() if source.available else None
+
+
 def _read_cuda(index: int | None, fallback_note: bool) -> MemoryReading:
     if index is None:
         index = 0
@@ -442,7 +448,7 @@ def _read_cuda(index: int | None, fallback_note: bool) -> MemoryReading:
     ok, why = nvml.nvml_status()
     reading = None
     if ok and index < nvml.gpu_count():
-        reading = _cuda_reading(index, nvml.gpu_memory(index))
+        reading = _cuda_reading(index, _nvml_memory(index))
     elif not ok and _torch_stats(index) is not None:  # a GPU torch uses, but no NVML
         reading = _cuda_reading(index, None)
     if reading is not None:
@@ -471,11 +477,11 @@ def read_memory(source="auto") -> MemoryReading:
 
 def _read(kind: str, arg) -> MemoryReading:
     if kind == "virtual":
-        vgpu = arg if arg is not None else _active_virtual_gpu()
-        if vgpu is None:
-            return _read_ram(detail="No virtual GPU is active; showing RAM instead.")
         try:
-            return _read_virtual(vgpu)
+            source = _active_virtual_gpu() if arg is None else sources.VirtualGpuSource(arg)
+            if source is None:
+                return _read_ram(detail="No virtual GPU is active; showing RAM instead.")
+            return _read_virtual(source)
         except Exception as exc:  # noqa: BLE001
             return _read_ram(detail=f"The virtual GPU could not be read ({exc}); showing RAM.")
     if kind == "ram":
@@ -483,155 +489,27 @@ def _read(kind: str, arg) -> MemoryReading:
     if kind == "cuda":
         return _read_cuda(arg, fallback_note=True)
     # auto
-    vgpu = _active_virtual_gpu()
-    if vgpu is not None:
+    source = _active_virtual_gpu()
+    if source is not None:
         try:
-            return _read_virtual(vgpu)
+            return _read_virtual(source)
         except Exception:  # noqa: BLE001
             pass
     return _read_cuda(None, fallback_note=False)
 
 
-# -------------------------------------------------------------------------------- pollers
-class _Poller(threading.Thread):
-    def __init__(self, kind: str, fn, interval: float):
-        super().__init__(name=f"helpers-{kind}-poller", daemon=True)
-        self.fn, self.interval, self.stop_event = fn, interval, threading.Event()
-
-    def run(self):
-        while not self.stop_event.wait(self.interval):
-            try:
-                self.fn()
-            except Exception:  # noqa: BLE001 - a poller must never die noisily
-                pass
-
-    def stop(self):
-        self.stop_event.set()
-        if self is not threading.current_thread():
-            self.join(timeout=5)
+_stop_poller = stop_poller  # the name tests/rehearsal/test_tensorflow_and_edges.py uses
 
 
-_pollers: dict[str, _Poller] = {}
-_pollers_lock = threading.Lock()
+def reset_caches() -> None:
+    """Forget the NVML-to-torch GPU numbering and the last per-process query
+    (``helpers.FakeNvml`` calls this when it swaps the GPUs a test sees)."""
+    _torch_index.clear()
+    _proc_cache.clear()
 
 
-def _stop_poller(kind: str, owner=None) -> None:
-    with _pollers_lock:
-        poller = _pollers.get(kind)
-        if poller is None or (owner is not None and poller.fn.__self__ is not owner):
-            return
-        del _pollers[kind]
-    poller.stop()
-
-
-def _start_poller(kind: str, fn, interval: float) -> None:
-    _stop_poller(kind)
-    poller = _Poller(kind, fn, interval)
-    with _pollers_lock:
-        _pollers[kind] = poller
-    poller.start()
-
-
-def polling_threads() -> list[str]:
-    """Names of the gauge/watch polling threads alive now (at most one of each kind)."""
-    return sorted(t.name for t in threading.enumerate()
-                  if t.name.startswith("helpers-") and t.name.endswith("-poller"))
-
-
-def _check_interval(interval) -> float:
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
-            math.isfinite(interval) and interval >= MIN_POLL_INTERVAL):
-        raise ValueError(
-            f"interval must be a number of seconds >= {MIN_POLL_INTERVAL}, got {interval!r}")
-    return float(interval)
-
-
-class _LiveView:
-    """Shared machinery: an HTML widget when a front end is watching, text otherwise."""
-
-    _kind = "view"
-    min_interval = MIN_POLL_INTERVAL
-    budget = 0.005  # share of the time updates may take; slow updates are spaced out
-
-    def _init_view(self):
-        self._lock = threading.RLock()
-        self._widget = None
-        self._next = 0.0
-        self.busy_seconds = 0.0  # reading and rendering: wall time (main), CPU time (poller)
-        self.updates = 0
-
-    def _render(self) -> str:  # pragma: no cover - subclasses
-        raise NotImplementedError
-
-    def text(self) -> str:  # pragma: no cover - subclasses
-        raise NotImplementedError
-
-    def widget(self):
-        """The ipywidgets.HTML showing this view (created on first use), or None headless
-        or without ipywidgets."""
-        if self._widget is None and not headless():
-            try:
-                import ipywidgets
-            except ImportError:
-                return None
-            self._widget = ipywidgets.HTML(value=self._render())
-            self._widget.add_class(f"gl-{self._kind}-widget")
-        return self._widget
-
-    def update(self, force: bool = False):
-        """Read again and redraw, unless the last update was less than ``min_interval``
-        seconds ago (pass ``force=True`` to skip that throttle).  Cheap enough to call
-        every training step."""
-        now = time.perf_counter()
-        if not force and now < self._next:
-            return self._value()
-        # The main thread's updates delay training by their wall time.  The poller's run
-        # beside it and take from training only the CPU time they use (and hold the GIL for):
-        # count that, not the wall time a busy machine stretches them to.
-        clock = (time.perf_counter if threading.current_thread() is threading.main_thread()
-                 else time.thread_time)
-        with self._lock:
-            t0, c0 = time.perf_counter(), clock()
-            self._refresh()
-            if self._widget is not None:
-                self._widget.value = self._render()
-            cost = clock() - c0
-            self.busy_seconds += cost
-            self.updates += 1
-            # redraw at most every min_interval, and spend at most `budget` of the time here
-            self._next = t0 + max(self.min_interval, cost / self.budget)
-        return self._value()
-
-    def start(self, interval: float = 0.5) -> None:
-        """Update from a background thread every ``interval`` seconds (>= 0.25).  Only one
-        poller of each kind runs: starting this one stops any older gauge's poller."""
-        _start_poller(self._kind, self._poll, _check_interval(interval))
-
-    def stop(self) -> None:
-        """Stop this view's background poller (if it has one)."""
-        _stop_poller(self._kind, owner=self)
-
-    @property
-    def polling(self) -> bool:
-        poller = _pollers.get(self._kind)
-        return poller is not None and poller.fn.__self__ is self and poller.is_alive()
-
-    def _poll(self):
-        self.update()  # throttled like any update: a slow front end slows the poller
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        widget = self.widget()
-        if widget is None:
-            return {"text/plain": self.text(), "text/html": self._render()}
-        bundle = widget._repr_mimebundle_()
-        bundle["text/plain"] = self.text()
-        return bundle
-
-    def __repr__(self) -> str:
-        return self.text()
-
-
-class MemoryGauge(_LiveView):
+# -------------------------------------------------------------------------------- gauges
+class MemoryGauge(LiveView):
     """A live memory gauge for one device (lesson 04).
 
     Display it (last line of a cell), then call :meth:`update` from your training loop, or
@@ -642,36 +520,31 @@ class MemoryGauge(_LiveView):
 
     Args:
         source: which device; see :func:`read_memory` (default ``"auto"``).
-        poll: seconds between background updates (>= 0.25), or None for updates on demand.
-        width: characters in the text bar.
+        poll: seconds between background updates (0.25 s to a day), or None for updates on
+            demand.
+        width: characters in the text bar (4 to 80).
 
-    Creating a gauge stops the previous gauge's poller, so re-running a cell never leaves
-    threads behind.  Headless (nbval, scripts) it displays as one line of text plus static
-    HTML.
+    Creating a gauge stops the previous gauge's poller (or hands it over), so re-running a
+    cell never leaves threads behind.  Headless (nbval, scripts) it displays as one line of
+    text plus static HTML.
     """
 
-    _kind = "gauge"
+    kind = "gauge"
+    static_html = True
 
     def __init__(self, source="auto", *, poll: float | None = None, width: int = 12):
-        _stop_poller(self._kind)  # a new gauge (or a re-run cell) stops the old poller
         self._source = _parse_source(source)
-        if isinstance(width, bool) or not isinstance(width, int) or not 4 <= width <= 80:
-            raise ValueError(f"width must be an integer from 4 to 80, got {width!r}")
-        if poll is not None:
-            _check_interval(poll)
-        self.width = width
+        self.width = whole_number(width, "width", 4, 80)
+        poll = None if poll is None else check_interval(poll, "poll")
         self._init_view()
-        self.peak_used_bytes = 0
-        self.reading = self._read_timed()
-        if poll is not None:
-            self.start(poll)
-
-    def _read_timed(self) -> MemoryReading:
         t0 = time.perf_counter()
-        reading = _read(*self._source)
+        self.reading = _read(*self._source)
         self.busy_seconds += time.perf_counter() - t0
-        self.peak_used_bytes = max(self.peak_used_bytes, reading.used_bytes)
-        return reading
+        self.peak_used_bytes = self.reading.used_bytes
+        if poll is None:
+            stop_poller(self.kind)  # a new gauge (or a re-run cell) stops the old poller
+        else:
+            self.start(poll)
 
     def _refresh(self):
         try:
@@ -692,17 +565,15 @@ class MemoryGauge(_LiveView):
     def source(self) -> str:
         return self.reading.source
 
-    def _render(self) -> str:
+    def _frame(self) -> str:
         return self.reading.html()
+
+    html = _frame
 
     def text(self) -> str:
         return self.reading.text(self.width)
 
-    def html(self) -> str:
-        return self.reading.html()
 
-
-# ----------------------------------------------------------------------------- watch view
 @dataclass(frozen=True)
 class WatchRow:
     reading: MemoryReading
@@ -711,7 +582,15 @@ class WatchRow:
     extra: str = ""  # temperature, power
 
 
-class GpuWatch(_LiveView):
+def _cpu_utilisation() -> str:
+    try:
+        import psutil
+    except ImportError:
+        return "CPU n/a (psutil is not installed)"
+    return f"CPU {psutil.cpu_percent(interval=None):.0f}%"
+
+
+class GpuWatch(LiveView):
     """``watch -n 1 nvidia-smi`` inside the notebook: every GPU's memory and utilisation.
 
     Without NVML it says why and shows what this machine has instead: the active virtual
@@ -719,23 +598,19 @@ class GpuWatch(_LiveView):
     processes on each tick (that query is slow); see :func:`helpers.core.nvml.gpu_processes`.
     """
 
-    _kind = "watch"
+    kind = "watch"
+    static_html = True
 
     def __init__(self, interval: float | None = 1.0, *, width: int = 12):
-        _stop_poller(self._kind)
-        if interval is not None:
-            _check_interval(interval)
-        self.width = width
+        interval = None if interval is None else check_interval(interval)
+        self.width = whole_number(width, "width", 4, 80)
         self.interval = interval
         self._init_view()
-        try:
-            import psutil
-
-            psutil.cpu_percent(interval=None)  # prime: the first call always returns 0.0
-        except ImportError:  # pragma: no cover
-            pass
+        _cpu_utilisation()  # prime psutil: its first call always returns 0.0
         self.header, self.rows = self._read_rows()
-        if interval is not None:
+        if interval is None:
+            stop_poller(self.kind)
+        else:
             self.start(interval)
 
     def _read_rows(self) -> tuple[str, list[WatchRow]]:
@@ -745,7 +620,9 @@ class GpuWatch(_LiveView):
             header = f"NVIDIA {detail} (NVML), {nvml.gpu_count()} GPU(s)"
             for i in range(nvml.gpu_count()):
                 st = nvml.gpu_status(i)
-                reading = _cuda_reading(i, st.memory)
+                reading = _cuda_reading(i, _nvml_memory(i))
+                if reading is None:
+                    continue
                 util = (f"GPU-Util {st.gpu_util_pct}%  mem-bw {st.memory_util_pct}%"
                         if st.gpu_util_pct is not None else "GPU-Util n/a")
                 extra = []
@@ -757,18 +634,14 @@ class GpuWatch(_LiveView):
                 rows.append(WatchRow(reading, st.name, util, "  ".join(extra)))
             return header, rows
         header = f"No NVIDIA GPU ({detail.rstrip('.?')}); showing this machine instead."
-        vgpu = _active_virtual_gpu()
-        if vgpu is not None:
+        source = _active_virtual_gpu()
+        if source is not None:
             try:
-                r = _read_virtual(vgpu)
-                rows.append(WatchRow(r, str(getattr(vgpu, "name", "virtual GPU")),
+                rows.append(WatchRow(_read_virtual(source), str(source.gpu.name),
                                      "GPU-Util n/a (simulated)"))
             except Exception:  # noqa: BLE001
                 pass
-        import psutil
-
-        rows.append(WatchRow(_read_ram(), "system RAM",
-                             f"CPU {psutil.cpu_percent(interval=None):.0f}%"))
+        rows.append(WatchRow(_read_ram(), "system RAM", _cpu_utilisation()))
         return header, rows
 
     def _refresh(self):
@@ -788,7 +661,7 @@ class GpuWatch(_LiveView):
                          f"{extra}  ({row.name})")
         return "\n".join(lines)
 
-    def _render(self) -> str:
+    def _frame(self) -> str:
         esc = html.escape
         every = f"every {self.interval:g} s" if self.polling or self.interval else "on demand"
         body = "".join(
@@ -805,8 +678,7 @@ class GpuWatch(_LiveView):
             f"</table></div>"
         )
 
-    def html(self) -> str:
-        return self._render()
+    html = _frame
 
 
 def watch_gpus(interval: float | None = 1.0) -> GpuWatch:

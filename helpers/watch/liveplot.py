@@ -37,8 +37,9 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ..core.checks import LARGEST, flag, positive_int, real_number, text, whole_number
 from ..core.fmt import GiB, MiB, fmt_rate
-from ..core.runtime import headless, in_kernel
+from .base import LiveView
 
 __all__ = ["LivePlot", "LivePlotSummary"]
 
@@ -159,13 +160,6 @@ class LivePlotSummary:
         return self.text()
 
 
-def _check_positive(value, name: str, minimum: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value >= minimum):
-        raise ValueError(f"{name} must be a number >= {minimum}, got {value!r}")
-    return float(value)
-
-
 def _item(value) -> float:
     """A loss as a float; NaN when it has no value (None, a fake or meta tensor)."""
     if value is None:
@@ -190,7 +184,7 @@ def _as_floats(values: list) -> list[float]:
     return [v if isinstance(v, float) else _item(v) for v in values]
 
 
-class LivePlot:
+class LivePlot(LiveView):
     """Loss, memory and throughput against step, live in the notebook (lesson 04).
 
     Args:
@@ -207,13 +201,14 @@ class LivePlot:
         show: display the plot now (in a live notebook).
     """
 
+    kind = "liveplot"
+
     def __init__(self, title: str = "", *, total: int | None = None, gauge=True,
                  min_interval: float = 0.5, budget: float = 0.01, max_points: int = 240,
                  show: bool = True):
         from .gauge import MemoryGauge
 
-        if not isinstance(title, str):
-            raise TypeError(f"title must be a string, got {type(title).__name__}")
+        self.title = text(title, "title", empty=True)
         if gauge is True:
             gauge = MemoryGauge()
             self._show_gauge = True
@@ -223,21 +218,12 @@ class LivePlot:
             self._show_gauge = False
         else:
             raise TypeError(f"gauge must be True, False or a helpers.MemoryGauge, got {gauge!r}")
-        self.min_interval = _check_positive(min_interval, "min_interval", 0.1)
-        self.budget = _check_positive(budget, "budget", 1e-4)
-        if self.budget > 0.5:
-            raise ValueError(f"budget is a share of the training time (<= 0.5), got {budget}")
-        if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 20:
-            raise ValueError(f"max_points must be an integer >= 20, got {max_points!r}")
-        if total is not None and (isinstance(total, bool) or not isinstance(total, int)
-                                  or total < 1):
-            raise ValueError(f"total must be a positive int (the expected steps), got {total!r}")
-        self.total = total
-        if not isinstance(show, bool):
-            raise TypeError(f"show must be True or False, got {show!r}")
-        self.title = title
+        self._init_view(real_number(min_interval, "min_interval", 0.1, 3600.0),
+                        real_number(budget, "budget", 1e-4, 0.5))
+        self.max_points = whole_number(max_points, "max_points", 20, 100_000)
+        self.total = None if total is None else positive_int(total, "total")
+        show = flag(show, "show")
         self.gauge = gauge
-        self.max_points = max_points
         # raw history (plain lists: appending costs ~50 ns)
         self._steps: list[int] = []
         self._times: list[float] = []
@@ -258,21 +244,11 @@ class LivePlot:
         self._busy = 0.0  # seconds inside step() and redraws
         self._gauge_in_step = 0.0
         self._gauge_busy0 = gauge.busy_seconds if gauge is not None else 0.0
-        self._next_draw = 0.0
         self._next_memory = 0.0
-        self.redraws = 0
-        self.draw_seconds = 0.0  # all redraws, including the first and the final one
-        self._train_draw_seconds = 0.0  # redraws during training (the budget's share)
-        self._last_cost = 0.0
         self._live_limits: dict = {}
-        self.closed = False
         self._fig = None
-        self._widget = None
-        self._frame_widget = None
-        self._handle = None
-        self._live = not headless()
-        if show and self._live:
-            self._display()
+        if show:
+            self.show()
 
     # ------------------------------------------------------------------ recording
     def step(self, loss=None, *, samples: int | None = None, step: int | None = None) -> None:
@@ -288,13 +264,10 @@ class LivePlot:
         t0 = time.perf_counter()
         if self.closed:
             raise RuntimeError("this LivePlot is closed; create a new one for a new run")
-        if step is None:
-            step = len(self._steps)
-        elif isinstance(step, bool) or not isinstance(step, int):
-            raise TypeError(f"step must be an int, got {type(step).__name__}")
-        if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int)
-                                    or samples < 0):
-            raise ValueError(f"samples must be a non-negative int, got {samples!r}")
+        step = len(self._steps) if step is None else whole_number(step, "step", -LARGEST)
+        samples = 0 if samples is None else whole_number(samples, "samples")
+        if isinstance(loss, (str, bytes)):
+            raise TypeError(f"loss must be a number or a 0-d tensor, got {loss!r:.40}")
         if loss is not None and hasattr(loss, "detach"):
             loss = loss.detach()
             if loss.device.type == "cpu":  # no sync to avoid: convert now, keep no storage
@@ -302,7 +275,7 @@ class LivePlot:
         self._steps.append(step)
         self._times.append(t0)
         self._losses.append(loss)
-        self._samples.append(samples or 0)
+        self._samples.append(samples)
         if self.gauge is not None and t0 >= self._next_memory:
             g0 = time.perf_counter()
             # a polling gauge is fresh already; otherwise update it (it throttles itself)
@@ -310,15 +283,18 @@ class LivePlot:
             self._gauge_in_step += time.perf_counter() - g0
             if reading is not self._last_reading:
                 self._last_reading = reading
-                self._mem.append((step, reading.used_bytes, reading.bands[0][1]))
+                part = reading.bands[0][1] if reading.bands else 0
+                self._mem.append((step, reading.used_bytes, part))
             self._next_memory = t0 + 0.1
         if len(self._losses) - self._flushed > 256:  # keep few loss tensors alive
             self._flush()
-        if t0 >= self._next_draw:
+        if t0 >= self._next:
             if len(self._steps) == 1:  # training starts: the budget counts from here
+                self._start, self._spent = t0, 0.0
                 self._schedule(t0)
-            elif self._live and threading.current_thread() is threading.main_thread():
-                self._draw()
+            elif (self._widget is not None or self._handle is not None) and (
+                    threading.current_thread() is threading.main_thread()):
+                self._tick()
         self._busy += time.perf_counter() - t0
 
     def _flush(self) -> None:
@@ -380,10 +356,10 @@ class LivePlot:
     def _memory_lines(self) -> list[tuple[str, str, str]]:
         """(data key, legend label, colour) of the memory panel's lines."""
         reading = self.gauge.reading
-        part = (reading.bands[0][0], _COLOURS["tensors"])
         if reading.label == "RAM":  # "used" is the whole machine, other users too
-            return [("part", "this process", part[1])]
-        return [("used", "used (all processes)", _COLOURS["used"]), ("part", *part)]
+            return [("part", "this process", _COLOURS["tensors"])]
+        return [("used", "used (all processes)", _COLOURS["used"]),
+                ("part", reading.bands[0][0], _COLOURS["tensors"])]
 
     def _limits(self, data) -> dict[str, tuple[float, float]]:
         """y-limits per panel and the shared x-limit ("x"): round numbers that never shrink
@@ -550,61 +526,29 @@ class LivePlot:
                 f'sans-serif);font-size:12px;color:var(--jp-ui-font-color2,inherit)">'
                 f"{_html.escape(' · '.join(parts))}</div>")
 
-    def _display(self) -> None:
-        from IPython.display import display
+    def _frame(self) -> str:
+        state = "done" if self.closed else "running" if self._steps else "waiting"
+        return self.svg() + self._status_html(state)
 
-        t0 = time.perf_counter()
-        frame = self.svg() + self._status_html("waiting")
-        self._last_cost = time.perf_counter() - t0  # the estimate for the next frames
-        self.draw_seconds += self._last_cost
-        try:
-            import ipywidgets
-        except ImportError:  # no widgets: a display handle, replaced in place
-            self._handle = display({"text/html": frame, "text/plain": self.summary().text()},
-                                   raw=True, display_id=True)
-            return
-        self._frame_widget = ipywidgets.HTML(value=frame)
-        self._frame_widget.add_class("gl-liveplot-frame")
-        children = [self._frame_widget]
+    def _container(self, html_widget):
+        """The frame under the gauge (when this plot made it), in one box."""
+        import ipywidgets
+
+        html_widget.add_class("gl-liveplot-frame")
+        children = [html_widget]
         if self._show_gauge:
             children.insert(0, self.gauge.widget() or ipywidgets.HTML(self.gauge.html()))
-        self._widget = ipywidgets.VBox(children)
-        self._widget.add_class("gl-liveplot")
-        display(self)
+        box = ipywidgets.VBox(children)
+        box.add_class("gl-liveplot")
+        return box
 
-    def _draw(self, state: str = "running") -> None:
-        t0 = time.perf_counter()
-        frame = self.svg() + self._status_html(state)
-        if self._frame_widget is not None:
-            self._frame_widget.value = frame
-        elif self._handle is not None:
-            self._handle.update({"text/html": frame, "text/plain": self.summary().text()},
-                                raw=True)
-        cost = time.perf_counter() - t0
-        self.redraws += 1
-        self.draw_seconds += cost
-        if self._steps:
-            self._train_draw_seconds += cost
-        self._last_cost = cost
-        self._schedule(time.perf_counter())
-
-    def _schedule(self, now: float) -> None:
-        """Next redraw: after min_interval, and only once the redraws so far plus the next
-        one (estimated by the last) fit in ``budget`` of the training time."""
-        start = self._times[0] if self._times else now
-        afford = start + (self._train_draw_seconds + self._last_cost) / self.budget
-        self._next_draw = max(now + self.min_interval, afford)
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        text = self.summary().text()
-        if self._widget is not None:
-            bundle = self._widget._repr_mimebundle_()
-            bundle["text/plain"] = text
-            return bundle
-        return {"text/plain": text}
-
-    def __repr__(self) -> str:
+    def text(self) -> str:
         return self.summary().text()
+
+    @property
+    def redraws(self) -> int:
+        """Frames drawn since the plot was shown (none headless)."""
+        return self.updates
 
     # ------------------------------------------------------------------ results
     @property
@@ -648,28 +592,16 @@ class LivePlot:
             seconds=seconds,
         )
 
+    _value = summary
+
+    def _figure_caption(self) -> str:
+        n = len(self._steps)
+        return f"[figure: loss, memory and samples/s over {n} steps]" if n else ""
+
     def close(self) -> LivePlotSummary:
         """Draw the final figure and return the summary.  Live: the plot is redrawn in
         place.  Headless: the final PNG is displayed here (one static image)."""
-        if not self.closed:
-            self.closed = True
-            if threading.current_thread() is threading.main_thread():
-                if self._frame_widget is not None or self._handle is not None:
-                    self._draw(state="done")
-                elif self._steps and in_kernel():
-                    from IPython.display import display
-
-                    display({"image/png": self.png(), "text/plain": (
-                        f"[figure: loss, memory and samples/s over {len(self._steps)} steps]")},
-                        raw=True)
-        return self.summary()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
+        return super().close()
 
     # ------------------------------------------------------------------ Keras
     def keras_callback(self, batch_size: int):
@@ -681,9 +613,7 @@ class LivePlot:
         Keras reports the loss as the running mean over the epoch so far, so the curve is
         smoother than a PyTorch per-step loss.
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        return _keras_callback_class()(self, batch_size)
+        return _keras_callback_class()(self, positive_int(batch_size, "batch_size"))
 
 
 _keras_class: list = []

@@ -95,9 +95,10 @@ def test_batched_fetch_matches_single_fetch_and_waits_for_the_whole_batch():
 @pytest.mark.parametrize("kwargs, error", [
     ({"latency_s": -1}, "latency_s"), ({"latency_s": float("nan")}, "latency_s"),
     ({"n_samples": 0}, "n_samples"), ({"latency_s": True}, "latency_s"),
+    ({"latency_s": 1e300}, "latency_s"),  # fuzz case 11: time.sleep would overflow
 ])
 def test_slow_dataset_rejects_bad_arguments(kwargs, error):
-    with pytest.raises(ValueError, match=error):
+    with pytest.raises((TypeError, ValueError), match=error):
         SlowDataset(**kwargs)
 
 
@@ -182,11 +183,11 @@ def test_sync_accepts_devices_and_rejects_the_rest():
 
     assert timing.sync_function(torch.device("cpu")) is None
     if not torch.cuda.is_available():  # a clear error instead of torch's AssertionError
-        with pytest.raises(ValueError, match="no CUDA GPU"):
+        with pytest.raises(ValueError, match="no (usable )?CUDA GPU"):
             timing.sync_function("cuda:0")
-    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+    with pytest.raises(ValueError, match="'tpu'"):
         timing.sync_function("tpu")
-    with pytest.raises(TypeError, match="sync must be None, a function without arguments"):
+    with pytest.raises(TypeError, match="sync"):
         timing.sync_function(3)
 
 
@@ -211,17 +212,17 @@ def test_gpu_util_arguments(monkeypatch):
     monkeypatch.setattr(nvml, "gpu_count", lambda: 1)
     assert "there is no GPU 3" in StepTimer(gpu_util=3, show=False).gpu_util_note
     assert "gpu_util=False" in StepTimer(gpu_util=False, show=False).gpu_util_note
-    with pytest.raises(ValueError, match="gpu_util must be None, False or a GPU index"):
+    with pytest.raises(ValueError, match="gpu_util .None, False or a GPU index. must be at "):
         StepTimer(gpu_util=-1, show=False)
 
 
 def test_step_timer_validates_and_closes(clock, no_nvml):
-    with pytest.raises(ValueError, match="min_interval must be >= 0.1"):
+    with pytest.raises(ValueError, match="min_interval must be at least 0.1"):
         StepTimer(min_interval=0.01, show=False)
     with pytest.raises(TypeError, match="show must be True or False"):
         StepTimer(show=1)
     timer = StepTimer(show=False)
-    with pytest.raises(ValueError, match="samples must be a non-negative int"):
+    with pytest.raises(ValueError, match="samples must be at least 0"):
         timer.step(samples=-1)
     with timer:
         for _ in timer.wrap(SlowIterable(clock, [0.01])):

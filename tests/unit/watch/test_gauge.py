@@ -10,7 +10,8 @@ import pytest
 import helpers
 from helpers.core import nvml
 from helpers.core.fmt import GiB, MiB
-from helpers.watch import gauge
+from helpers.memory import state
+from helpers.watch import base, gauge
 
 
 class StandInVGPU:
@@ -41,11 +42,11 @@ def no_pollers_left():
 
 @pytest.fixture
 def active_vgpu(monkeypatch):
-    """Make helpers.current_virtual_gpu() return a stand-in (torch must be imported)."""
+    """Make the active virtual GPU a stand-in (torch must be imported)."""
     import torch  # noqa: F401 - a virtual GPU only exists where torch does
 
     vgpu = spec_example()
-    monkeypatch.setattr(helpers, "current_virtual_gpu", lambda: vgpu, raising=False)
+    monkeypatch.setattr(state, "current_virtual_gpu", lambda: vgpu)
     return vgpu
 
 
@@ -79,7 +80,7 @@ def test_auto_prefers_the_active_virtual_gpu(active_vgpu):
 
 
 def test_without_the_memory_engine_auto_reads_ram(monkeypatch):
-    monkeypatch.delattr(helpers, "current_virtual_gpu", raising=False)
+    monkeypatch.setattr(state, "current_virtual_gpu", lambda: None)
     reading = helpers.read_memory()
     assert reading.label in ("RAM", "GPU0")
     if reading.label == "RAM":
@@ -96,11 +97,12 @@ def test_unavailable_sources_fall_back_to_ram_and_say_why(monkeypatch):
     monkeypatch.setattr(gauge, "_torch_stats", lambda i: None)
     reading = helpers.read_memory("cuda:3")
     assert reading.label == "RAM" and "no driver in this test" in reading.detail
-    monkeypatch.delattr(helpers, "current_virtual_gpu", raising=False)
+    monkeypatch.setattr(state, "current_virtual_gpu", lambda: None)
     reading = helpers.read_memory("virtual")
     assert reading.label == "RAM" and "No virtual GPU is active" in reading.detail
 
     class Broken:
+        name = "broken"
         capacity_bytes = allocated_bytes = reserved_bytes = 1
 
         @property
@@ -198,7 +200,7 @@ def fake_nvml(monkeypatch):
     monkeypatch.setattr(nvml, "_state", {"initialised": False, "error": None})
     monkeypatch.setattr(gauge, "_proc_cache", {})
     monkeypatch.setattr(gauge, "_torch_index", {})
-    monkeypatch.delattr(helpers, "current_virtual_gpu", raising=False)
+    monkeypatch.setattr(state, "current_virtual_gpu", lambda: None)
     return fake
 
 
@@ -319,12 +321,14 @@ def test_poller_updates_the_gauge_from_its_thread():
     assert not g.polling
 
 
-@pytest.mark.parametrize("interval", [0.1, 0, -1, "1", float("nan"), True])
-def test_polling_faster_than_a_quarter_second_is_refused(interval):
-    with pytest.raises(ValueError, match=">= 0.25"):
+@pytest.mark.parametrize("interval", [0.1, 0, -1, "1", float("nan"), True, 1e300, 10**400])
+def test_polling_intervals_outside_a_quarter_second_to_a_day_are_refused(interval):
+    """Fuzz case 11: poll=1e300 was accepted, then the poller thread died (OverflowError)."""
+    with pytest.raises((TypeError, ValueError), match="poll"):
         helpers.MemoryGauge(poll=interval)
-    with pytest.raises(ValueError, match=">= 0.25"):
+    with pytest.raises((TypeError, ValueError), match="interval"):
         helpers.GpuWatch(interval=interval)
+    assert gauge.polling_threads() == []
 
 
 def test_update_is_throttled_unless_forced():
@@ -347,7 +351,7 @@ def test_headless_display_is_text_and_static_html():
 
 
 def test_live_display_is_a_widget_updated_in_place(monkeypatch):
-    monkeypatch.setattr(gauge, "headless", lambda: False)
+    monkeypatch.setattr(base, "headless", lambda: False)
     v = StandInVGPU(capacity=GiB, allocated=MiB, reserved=MiB)
     g = helpers.MemoryGauge(v)
     bundle = g._repr_mimebundle_()

@@ -10,7 +10,7 @@ import pytest
 
 import helpers
 from helpers.core.fmt import GiB, MiB
-from helpers.watch import gauge, liveplot
+from helpers.watch import base, gauge, liveplot
 from helpers.watch.liveplot import LivePlot, _Series
 
 
@@ -162,7 +162,7 @@ def test_redraws_are_throttled_by_time_and_budget(monkeypatch):
     clock = Clock()
     monkeypatch.setattr(liveplot.time, "perf_counter", clock)
     plot = LivePlot(gauge=False, show=False, min_interval=0.5, budget=0.01)
-    plot._live = True
+    plot._widget = types.SimpleNamespace(value="")  # shown live
     plot._last_cost = 0.02  # as measured by the first frame when the plot is shown
     draws = []
 
@@ -235,13 +235,12 @@ def test_nice_axis_limits(value, nice):
 
 def test_matplotlib_is_only_touched_from_the_main_thread(monkeypatch):
     plot = LivePlot(gauge=False, show=False, min_interval=0.1)
-    plot._live = True
+    plot._widget = types.SimpleNamespace(value="")  # shown live
     threads = []
-    monkeypatch.setattr(plot, "_draw", lambda state="running": threads.append(
-        threading.current_thread()))
-    plot._next_draw = 0.0
+    monkeypatch.setattr(plot, "_tick", lambda: threads.append(threading.current_thread()))
+    plot._next = 0.0
     plot.step(loss=1.0)  # first step schedules the first redraw
-    plot._next_draw = 0.0
+    plot._next = 0.0
 
     def worker():
         for _ in range(100):
@@ -289,20 +288,19 @@ def test_own_cost_is_measured_and_split_between_plot_and_gauge():
 
 
 def test_live_mode_builds_one_widget_and_updates_it_in_place(monkeypatch):
-    monkeypatch.setattr(liveplot, "headless", lambda: False)
-    monkeypatch.setattr(gauge, "headless", lambda: False)
+    monkeypatch.setattr(base, "headless", lambda: False)
     shown = []
     monkeypatch.setattr("IPython.display.display", lambda *a, **k: shown.append(a))
     plot = LivePlot("live", min_interval=0.1)
     assert len(shown) == 1 and shown[0][0] is plot
-    assert "gl-liveplot" in plot._widget._dom_classes
-    first = plot._frame_widget.value
+    assert "gl-liveplot" in plot._box._dom_classes
+    first = plot._widget.value
     assert 'data-state="waiting"' in first and "<svg" in first
     for i in range(50):
         plot.step(loss=1.0 / (i + 1), samples=4)
     plot.close()
     assert len(shown) == 1  # still one output: the frame was replaced, not appended
-    final = plot._frame_widget.value
+    final = plot._widget.value
     assert final != first and 'data-state="done"' in final and 'data-steps="50"' in final
     assert points(final, "loss") == 50
     bundle = plot._repr_mimebundle_()
