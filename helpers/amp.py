@@ -16,10 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from .core.checks import whole_number
 from .core.fmt import ShownAsTable, Table, fmt_bytes, fmt_ratio
 from .core.timing import fmt_in_unit
+from .memory.engine import device_type, returns_view, watch_ops
 
 __all__ = ["AmpSettings", "amp_settings", "trace_dtypes", "DtypeTrace", "OpDtypes",
            "compare_memory", "MemoryComparison", "parse_dtype", "short_name",
@@ -85,20 +86,6 @@ class AmpSettings:
         return self.text()
 
 
-def _device_type(device) -> str:
-    if device is None:
-        from .core.environment import pick_device
-
-        return pick_device().type
-    try:
-        return torch.device(device).type
-    except (RuntimeError, TypeError):
-        raise ValueError(
-            f"device must be a torch device or a string such as 'cpu', 'cuda' or 'cuda:0', "
-            f"got {device!r}"
-        ) from None
-
-
 def amp_settings(device=None, dtype=None) -> AmpSettings:
     """The autocast dtype to use on ``device`` and whether a ``GradScaler`` is needed.
 
@@ -111,7 +98,7 @@ def amp_settings(device=None, dtype=None) -> AmpSettings:
     Returns:
         :class:`AmpSettings` with ``autocast()`` and ``grad_scaler()`` ready to use.
     """
-    kind = _device_type(device)
+    kind = device_type(device)
     if kind not in ("cpu", "cuda", "mps"):
         raise ValueError(f"mixed precision settings are known for cpu, cuda and mps devices, "
                          f"not {kind!r}")
@@ -145,14 +132,6 @@ class OpDtypes:
     calls: int
 
 
-def _is_view(func) -> bool:
-    try:
-        returns = func._schema.returns
-    except AttributeError:  # pragma: no cover
-        return False
-    return bool(returns) and all(r.alias_info is not None for r in returns)
-
-
 def _float_dtypes(obj, out: list) -> None:
     if isinstance(obj, torch.Tensor):
         if obj.is_floating_point():
@@ -160,24 +139,6 @@ def _float_dtypes(obj, out: list) -> None:
     elif isinstance(obj, (list, tuple)):
         for x in obj:
             _float_dtypes(x, out)
-
-
-class _Tracer(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.counts: dict[tuple, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if not _is_view(func):
-            ins: list[str] = []
-            _float_dtypes(list(args) + list((kwargs or {}).values()), ins)
-            outs: list[str] = []
-            _float_dtypes(out, outs)
-            if ins or outs:
-                key = (func._overloadpacket.__name__, tuple(ins), outs[0] if outs else "-")
-                self.counts[key] = self.counts.get(key, 0) + 1
-        return out
 
 
 @dataclass(frozen=True)
@@ -228,9 +189,22 @@ def trace_dtypes(fn, *args, **kwargs) -> DtypeTrace:
     """
     if not callable(fn):
         raise TypeError(f"fn must be a function to run, got {type(fn).__name__}")
-    with _Tracer() as tracer:
+    counts: dict[tuple, int] = {}
+
+    def count(func, args, kwargs, out):
+        if returns_view(func):
+            return
+        ins: list[str] = []
+        _float_dtypes([*args, *kwargs.values()], ins)
+        outs: list[str] = []
+        _float_dtypes(out, outs)
+        if ins or outs:
+            key = (func._overloadpacket.__name__, tuple(ins), outs[0] if outs else "-")
+            counts[key] = counts.get(key, 0) + 1
+
+    with watch_ops(count):
         result = fn(*args, **kwargs)
-    rows = tuple(OpDtypes(op, ins, out, n) for (op, ins, out), n in tracer.counts.items())
+    rows = tuple(OpDtypes(op, ins, out, n) for (op, ins, out), n in counts.items())
     return DtypeTrace(rows, result)
 
 
@@ -264,19 +238,24 @@ class MemoryComparison(ShownAsTable):
         base = self.bytes(self.baseline, category)
         return self.bytes(name, category) / base if base else float("nan")
 
+    def _get(self, name: str, category: str) -> int:
+        """Like :meth:`bytes`, 0 for a category a report does not have."""
+        report = self.reports[name]
+        return int(report.peak_bytes if category == "peak" else
+                   report.category_max.get(category, 0))
+
     def table(self) -> Table:
         others = [n for n in self.reports if n != self.baseline]
         headers = ["largest", *self.reports, *(f"{n}/{self.baseline}" for n in others)]
         rows = []
-        for key, title in _ROWS:
-            values = [self.bytes(n, key) for n in self.reports]
-            if not any(values):
+        for key, title in (*_ROWS, ("peak", "peak")):
+            values = [self._get(n, key) for n in self.reports]
+            if key != "peak" and not any(values):
                 continue
-            ratios = [fmt_ratio(self.ratio(n, key), measured=False)
-                      if self.bytes(self.baseline, key) else "-" for n in others]
+            base = self._get(self.baseline, key)
+            ratios = [fmt_ratio(self._get(n, key) / base, measured=False) if base else "-"
+                      for n in others]
             rows.append([title, *(fmt_bytes(v) for v in values), *ratios])
-        rows.append(["peak", *(fmt_bytes(self.bytes(n)) for n in self.reports),
-                     *(fmt_ratio(self.ratio(n), measured=False) for n in others)])
         phases = [getattr(self.reports[n], "peak_phase", None) for n in self.reports]
         if all(phases):
             rows.append(["peak during", *phases, *([""] * len(others))])
@@ -300,9 +279,13 @@ def compare_memory(reports: Mapping, baseline: str | None = None) -> MemoryCompa
     for name, report in reports.items():
         if not isinstance(name, str):
             raise TypeError(f"report names must be strings, got {name!r}")
-        if not hasattr(report, "category_max") or getattr(report, "peak_bytes", None) is None:
+        if not isinstance(getattr(report, "category_max", None), Mapping) \
+                or getattr(report, "peak_bytes", None) is None:
             raise TypeError(f"report {name!r} is not a memory report with a peak "
                             f"(got {type(report).__name__}); use helpers.measure_step")
+        whole_number(report.peak_bytes, f"report {name!r}'s peak_bytes")
+        for key, value in report.category_max.items():
+            whole_number(value, f"report {name!r}'s category_max[{key!r}]")
     baseline = next(iter(reports)) if baseline is None else baseline
     if baseline not in reports:
         raise ValueError(f"baseline {baseline!r} is not one of {', '.join(reports)}")

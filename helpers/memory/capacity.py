@@ -24,6 +24,9 @@ import re
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from types import MappingProxyType
 
+from ..core.checks import LARGEST
+from ..core.checks import _short as shown  # noqa: PLC2701 - until core makes it public
+
 __all__ = ["KNOWN_GPUS", "GPU_NOTES", "COMPUTE_CAPABILITY", "PINNED_TORCH_NEEDS",
            "pinned_torch_runs_on", "parse_capacity", "resolve_capacity", "card_name"]
 
@@ -143,7 +146,10 @@ def pinned_torch_runs_on(card: str) -> bool:
 def _from_number(value) -> int:
     if isinstance(value, numbers.Integral):
         return int(value)
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # a Fraction or Decimal beyond float's range
+        value = math.inf
     if math.isnan(value) or math.isinf(value):
         raise ValueError(f"capacity must be a finite number of bytes, got {value!r}")
     if not value.is_integer():
@@ -198,7 +204,10 @@ def resolve_capacity(value, *, what: str = "capacity", allow_zero: bool = False)
         )
     if n_bytes < 0 or (n_bytes == 0 and not allow_zero):
         least = "0 or more" if allow_zero else "more than 0"
-        raise ValueError(f"{what} must be {least} bytes, got {value!r}")
+        raise ValueError(f"{what} must be {least} bytes, got {shown(value)}")
+    if n_bytes > LARGEST:
+        raise ValueError(f"{what} is too large: at most {LARGEST} bytes (4 EiB), got "
+                         f"{shown(value)}")
     return label, n_bytes
 
 

@@ -28,7 +28,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .allocator import ExactAllocator, SimulatedOOM
 
-__all__ = ["Engine", "Recorder", "tensors_in", "optimizer_state_tensors", "unique_params"]
+__all__ = ["Engine", "Recorder", "tensors_in", "optimizer_state_tensors", "unique_params",
+           "watch_ops", "returns_view", "device_type"]
 
 # a storage keeps the strongest label it was given
 _RANK = {"temporaries": 0, "activations": 1, "other": 2, "inputs": 3, "optimizer_state": 4,
@@ -57,14 +58,68 @@ def _classify(func) -> int:
     return _NEW
 
 
+def _kind(func) -> int:
+    kind = _KINDS.get(func)
+    if kind is None:
+        kind = _KINDS[func] = _classify(func)
+    return kind
+
+
+def returns_view(func) -> bool:
+    """Does the ATen operation ``func`` return views of its inputs (no new memory)?"""
+    return _kind(func) == _VIEW
+
+
+class watch_ops(TorchDispatchMode):  # noqa: N801 - used like a function in a `with`
+    """``with watch_ops(on_op):`` calls ``on_op(func, args, kwargs, out)`` after every ATen
+    operation that runs inside (``trace_dtypes`` lists them with their dtypes)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # see Engine
+
+    def __init__(self, on_op):
+        super().__init__()
+        self.on_op = on_op
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.on_op(func, args, kwargs, out)
+        return out
+
+
+def device_type(device, name: str = "device") -> str:
+    """The kind of ``device`` (``"cpu"``, ``"cuda"``, ...; None: ``helpers.pick_device()``'s),
+    whether or not this machine has one: TypeError for a non-device, ValueError for a
+    malformed name."""
+    if device is None:
+        from ..core.environment import pick_device
+
+        return pick_device().type
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{name} must be None, a string such as 'cuda' or a torch.device, got "
+                        f"{type(device).__name__}")
+    try:
+        return torch.device(device).type
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"{name} {device!r} is not a torch device ({exc})") from None
+
+
 def tensors_in(obj) -> Iterable[torch.Tensor]:
-    """Tensors in nested lists/tuples/dicts, modules (params, buffers, grads), optimizers."""
-    stack = [obj]
+    """Tensors in nested lists/tuples/dicts, modules (params, buffers, grads), optimizers.
+
+    Each container is visited once, so a list that contains itself ends (fuzz case 4)."""
+    stack, seen = [obj], set()
     while stack:
         x = stack.pop()
         if isinstance(x, torch.Tensor):
             yield x
-        elif isinstance(x, (list, tuple, set, frozenset)):
+            continue
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, (list, tuple, set, frozenset)):
             stack.extend(x)
         elif isinstance(x, dict):
             stack.extend(x.values())
@@ -248,9 +303,7 @@ class Engine(TorchDispatchMode):
     # ------------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        kind = _KINDS.get(func)
-        if kind is None:
-            kind = _KINDS[func] = _classify(func)
+        kind = _kind(func)
         if kind == _VIEW:
             return func(*args, **kwargs)
         self.current_op = func
@@ -273,6 +326,7 @@ class Engine(TorchDispatchMode):
 
     def _fail(self) -> None:
         err, self._pending = self._pending, None
+        err.__traceback__ = None  # its frames (the allocation's) hold the step's tensors
         if self.recorder is not None:
             self.recorder.on_oom(err)
         if self.on_oom is not None:
@@ -646,7 +700,9 @@ class Recorder:
         self.dirty = True
 
     def on_oom(self, err: SimulatedOOM) -> None:
-        self.oom = (err, self.phase(), self.module(), self.engine.current_op)
+        # keep numbers, never the error: its traceback's frames hold the failed step's
+        # tensors, and the recorder lives on in a reference cycle until gc (fuzz case 2)
+        self.oom = (err.alloc_size, self.phase(), self.module(), self.engine.current_op)
 
     def module(self) -> str:
         if self.in_optimizer:

@@ -20,29 +20,33 @@ Used by lessons 04-08.
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 from torch import nn
 
+from ..core.checks import flag, positive_int, text
 from . import state
-from .engine import Engine, Recorder, optimizer_state_tensors, tensors_in, unique_params
+from .engine import (
+    Engine,
+    Recorder,
+    device_type,
+    optimizer_state_tensors,
+    tensors_in,
+    unique_params,
+)
 from .report import CATEGORIES, PHASES, CudaStats, MemoryReport, StepMemory, Timeline
+from .sources import CudaSource
 
 __all__ = ["measure_step"]
 
+#: the most steps one ``measure_step`` call runs (each is recorded op by op)
+MAX_STEPS = 10_000
+
 
 def _device_type(device, model, inputs) -> str:
-    if device is not None:
-        try:
-            return torch.device(device).type
-        except (RuntimeError, TypeError):
-            raise ValueError(f"device {device!r} is not a torch device") from None
-    for t in tensors_in([model, inputs]):
-        return t.device.type
-    from ..core.environment import pick_device
-
-    return pick_device().type
+    if device is None:
+        for t in tensors_in([model, inputs]):
+            return t.device.type
+    return device_type(device)
 
 
 def measure_step(step, *, model=None, optimizer=None, inputs=None, steps: int = 1,
@@ -89,20 +93,18 @@ def measure_step(step, *, model=None, optimizer=None, inputs=None, steps: int = 
     if model is not None and not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
     optimizers = _optimizers(optimizer)
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    steps = positive_int(steps, "steps", maximum=MAX_STEPS)
     if inputs is not None and not any(True for _ in tensors_in(inputs)):
         raise TypeError("inputs must be a tensor or a list/tuple/dict of tensors")
-    if not isinstance(track_modules, bool):
-        raise TypeError(f"track_modules must be True or False, got {track_modules!r}")
-    if title is not None and not isinstance(title, str):
-        raise TypeError(f"title must be a string, got {type(title).__name__}")
+    flag(track_modules, "track_modules")
+    if title is not None:
+        text(title, "title", empty=True)
     if title is None:
         title = f"{type(model).__name__} training step" if model is not None else "step"
 
     gpu = state.current_virtual_gpu()
     if gpu is not None:
-        engine, own = gpu._engine, False
+        engine, own = gpu.engine, False
         if engine.recorder is not None:
             raise RuntimeError("measure_step cannot be nested in another measure_step")
         dev = gpu.device_type
@@ -132,7 +134,7 @@ def measure_step(step, *, model=None, optimizer=None, inputs=None, steps: int = 
         recorder = Recorder(engine, model=model, track_modules=track_modules)
         recorder.baseline = list(engine.live.values())
         baseline_bytes = engine.live_bytes
-        cuda_before = _cuda_start(dev) if use_cuda else None
+        cuda_before = _cuda_start() if use_cuda else None
         recorder.start(params, optimizers)
         for i in range(1, steps + 1):
             recorder.begin_step(i)
@@ -150,7 +152,7 @@ def measure_step(step, *, model=None, optimizer=None, inputs=None, steps: int = 
             recorder.stop()
         if own:
             engine.__exit__(None, None, None)
-    cuda = _cuda_stop(dev, cuda_before) if use_cuda else None
+    cuda = _cuda_stop(cuda_before) if use_cuda else None
     return _build(recorder, engine, gpu, title, dev, fake, baseline_bytes, cuda)
 
 
@@ -167,23 +169,20 @@ def _optimizers(optimizer) -> list:
     return opts
 
 
-def _cuda_start(dev):
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    return torch.cuda.memory_allocated()
+def _cuda_start() -> tuple[CudaSource, int]:
+    source = CudaSource()
+    source.reset()  # synchronises first
+    return source, source.read()
 
 
-def _cuda_stop(dev, before) -> CudaStats:
-    torch.cuda.synchronize()
-    i = torch.cuda.current_device()
-    props = torch.cuda.get_device_properties(i)
+def _cuda_stop(start: tuple[CudaSource, int]) -> CudaStats:
+    source, before = start
+    source.sync()
     return CudaStats(
-        device_name=props.name, total_bytes=int(props.total_memory),
-        allocated_before_bytes=int(before),
-        peak_allocated_bytes=int(torch.cuda.max_memory_allocated()),
-        peak_reserved_bytes=int(torch.cuda.max_memory_reserved()),
-        allocated_after_bytes=int(torch.cuda.memory_allocated()),
-        reserved_after_bytes=int(torch.cuda.memory_reserved()),
+        device_name=torch.cuda.get_device_name(source.index), total_bytes=source.total,
+        allocated_before_bytes=before, peak_allocated_bytes=source.peak(),
+        peak_reserved_bytes=source.peak_reserved(), allocated_after_bytes=source.read(),
+        reserved_after_bytes=source.reserved(),
     )
 
 
@@ -255,10 +254,10 @@ def _build(recorder: Recorder, engine: Engine, gpu, title, dev, fake, baseline_b
         cuda=cuda,
     )
     if recorder.oom is not None:
-        err, phase, module, op = recorder.oom
+        alloc_size, phase, module, op = recorder.oom
         where = f"{phase}" + (f", in {module}" if module else "")
         report.notes.append(
-            f"ran out of memory ({where}): could not allocate {err.alloc_size:,} more bytes"
+            f"ran out of memory ({where}): could not allocate {alloc_size:,} more bytes"
         )
     return report
 

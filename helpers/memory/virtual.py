@@ -21,18 +21,21 @@ saying that the GPU was simulated.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
 import torch
 
+from ..core.checks import flag, whole_number
 from ..core.fmt import fmt_bytes
 from . import state
 from .allocator import CachingAllocator, ExactAllocator, SimulatedOOM
 from .capacity import parse_capacity, resolve_capacity
-from .engine import Engine
+from .engine import Engine, device_type
 
-__all__ = ["VirtualGPU", "full_scale", "current_virtual_gpu", "format_size", "oom_message"]
+__all__ = ["VirtualGPU", "full_scale", "current_virtual_gpu", "format_size", "oom_message",
+           "is_fake", "is_fake_value_error"]
 
 current_virtual_gpu = state.current_virtual_gpu
 
@@ -93,6 +96,21 @@ def _in_fake_mode() -> bool:
     return active_fake_mode() is not None
 
 
+def is_fake(t) -> bool:
+    """Is ``t`` a fake tensor (made in full-scale mode: shape, dtype and bytes, no data)?"""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def is_fake_value_error(exc: BaseException) -> bool:
+    """Did ``exc`` come from reading a fake tensor's value (``loss.item()``, ``float(x)``,
+    ``if x:``)?  Fake tensors have no values; full-scale code must not read them."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    return isinstance(exc, DataDependentOutputException)
+
+
 class full_scale:  # noqa: N801 - used like a function: ``with helpers.full_scale():``
     """Full-scale mode: tensors made inside are *fake* (exact shapes, dtypes and bytes, no data).
 
@@ -115,7 +133,7 @@ class full_scale:  # noqa: N801 - used like a function: ``with helpers.full_scal
     def __init__(self, device=None):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        kind = _device_type(device)  # validates
+        kind = device_type(device)  # validates
         self.device = torch.device(kind) if device is None else torch.device(device)
         self.mode = FakeTensorMode()
         self._active = False
@@ -132,6 +150,9 @@ class full_scale:  # noqa: N801 - used like a function: ``with helpers.full_scal
         return self
 
     def __exit__(self, *exc):
+        if not self._active:  # a stray __exit__ must not undo another block's patches
+            raise RuntimeError("this full_scale block is not active: __exit__ without "
+                               "__enter__ (use `with helpers.full_scale(): ...`)")
         self._active = False
         _patch_module_to(-1)
         try:
@@ -184,27 +205,6 @@ def _patch_module_to(delta: int) -> None:
     _LOADER_ITER.__init__ = _loader_iter_init if _patches > 0 else _ORIGINAL_LOADER_INIT
 
 
-def _device_type(device) -> str:
-    if device is None:
-        from ..core.environment import pick_device
-
-        return pick_device().type
-    if isinstance(device, torch.device):
-        return device.type
-    if isinstance(device, str):
-        try:
-            return torch.device(device).type
-        except RuntimeError as exc:
-            raise ValueError(f"device {device!r} is not a torch device ({exc})") from None
-    raise TypeError(f"device must be None, a string or a torch.device, got {device!r}")
-
-
-def _bool(value, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
 class VirtualGPU:
     """A GPU of a given memory size, simulated exactly on this machine.
 
@@ -252,12 +252,10 @@ class VirtualGPU:
                 f"context_bytes ({fmt_bytes(self.context_bytes)}) must be smaller than the "
                 f"capacity ({fmt_bytes(cap)})"
             )
-        self.rounding = _bool(rounding, "rounding")
-        self.fake = _bool(fake, "fake")
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise ValueError(f"index must be an int >= 0, got {index!r}")
-        self.index = index
-        self.device_type = _device_type(device)
+        self.rounding = flag(rounding, "rounding")
+        self.fake = flag(fake, "fake")
+        self.index = whole_number(index, "index", 0, 1023)
+        self.device_type = device_type(device)
         limit = cap - self.context_bytes
         self._allocator = CachingAllocator(limit) if rounding else ExactAllocator(limit)
         self._engine = Engine(self._allocator, device_type=self.device_type,
@@ -306,6 +304,12 @@ class VirtualGPU:
     def active(self) -> bool:
         return self._active
 
+    @property
+    def engine(self) -> Engine:
+        """The dispatch mode that counts this GPU's tensor storages (``measure_step`` records
+        through it)."""
+        return self._engine
+
     def mem_get_info(self) -> tuple[int, int]:
         """``(free, total)`` like ``torch.cuda.mem_get_info()``."""
         return self.free_bytes, self.capacity_bytes
@@ -326,6 +330,20 @@ class VirtualGPU:
         """
         return self._engine.adopt(objs)
 
+    @contextlib.contextmanager
+    def paused(self):
+        """Run the block outside this virtual GPU: its counting (and, with ``fake=True``, its
+        fake tensors) suspended, so tensors made inside are real, uncounted host tensors
+        (e.g. a snapshot of the model to restore later).  Every dispatch mode active is
+        suspended, and resumed after the block.  Outside the ``with`` block: does nothing."""
+        if not self._active:
+            yield
+            return
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            yield
+
     # ------------------------------------------------------------------ context manager
     def __enter__(self):
         state._activate(self)
@@ -342,6 +360,9 @@ class VirtualGPU:
         return self
 
     def __exit__(self, *exc):
+        if not self._active:  # a stray __exit__ must not pop another block's modes
+            raise RuntimeError(f"VirtualGPU {self.name} is not active: __exit__ without "
+                               "__enter__ (use `with helpers.VirtualGPU(...): ...`)")
         self._active = False
         try:
             self._engine.__exit__(*exc)

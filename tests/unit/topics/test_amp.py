@@ -57,9 +57,12 @@ def test_bad_dtypes_say_what_is_accepted(bad):
         parse_dtype(bad)
 
 
-@pytest.mark.parametrize("bad", ["gpu", 3.5, "xla-ish", object()])
-def test_bad_devices_are_rejected(bad):
-    with pytest.raises(ValueError, match="device"):
+@pytest.mark.parametrize("bad, error", [("gpu", ValueError), ("xla-ish", ValueError),
+                                        (3.5, TypeError), (object(), TypeError),
+                                        (b"H\xb8\xf0", TypeError)])
+def test_bad_devices_are_rejected(bad, error):
+    """A malformed name is a ValueError, a non-device a TypeError (bytes: fuzz finding)."""
+    with pytest.raises(error, match="device"):
         helpers.amp_settings(bad)
 
 
@@ -190,8 +193,8 @@ def test_compare_times_syncs_around_each_timing():
 
 @pytest.mark.parametrize("kwargs, error", [
     ({"workloads": {}}, TypeError), ({"workloads": [lambda: None]}, TypeError),
-    ({"workloads": {"a": 3}}, TypeError), ({"workloads": {"": lambda: None}}, TypeError),
-    ({"rounds": 0}, ValueError), ({"number": 1.5}, ValueError), ({"warmup": -1}, ValueError),
+    ({"workloads": {"a": 3}}, TypeError), ({"workloads": {"": lambda: None}}, ValueError),
+    ({"rounds": 0}, ValueError), ({"number": 1.5}, TypeError), ({"warmup": -1}, ValueError),
     ({"baseline": "zzz"}, ValueError), ({"sync": "tpu"}, ValueError), ({"sync": 3}, TypeError),
     ({"unit": "min"}, ValueError),
 ])
@@ -209,8 +212,11 @@ def test_times_print_in_one_fixed_unit():
     assert fmt_in_unit(4.2e-5) == "~0.0420 ms"
     assert fmt_in_unit(0.5, "s") == "~0.500 s" and fmt_in_unit(0) == "~0.00 ms"
     assert fmt_in_unit(3e-6, "µs") == "~3.00 µs"
-    for bad in (-1, "1", True, float("nan")):
+    for bad in (-1, float("nan")):
         with pytest.raises(ValueError):
+            fmt_in_unit(bad)
+    for bad in ("1", True):
+        with pytest.raises(TypeError):
             fmt_in_unit(bad)
     times = helpers.compare_times({"a": lambda: None}, rounds=1, unit="s")
     assert re.search(r"a\s+~[0-9.]+ s \(baseline\)", times.text())
