@@ -56,7 +56,7 @@ $(STAMP): site-env-check
 else
 $(STAMP): requirements.txt requirements-gpu.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; \
-	  sys.exit(0) if v >= (3, 10) else sys.exit(f"Python 3.11 is needed, found {v}")'
+	  sys.exit(0) if v >= (3, 11) else sys.exit(f"Python 3.11 or newer is needed, found {v[0]}.{v[1]}")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(if $(WHEELHOUSE),,$(PY) -m pip install --quiet --upgrade pip)
 ifeq ($(GPU),1)

@@ -1,4 +1,5 @@
-"""How much of the kit's CUDA-only code the CPU rehearsal executes (issue 14, section 4).
+"""How much of the kit's CUDA-only code the CPU rehearsal executes (CONTRIBUTING "Rehearsing
+CUDA code on a CPU").
 
 ::
 

@@ -44,7 +44,7 @@ STAMP_NAME = ".installed-site"
 # torch: 2.13 is what CI tests; 2.11 is the floor once `make gpu-check` ran on a node with it.
 TORCH_RANGE = ((2, 11), (2, 14))
 TENSORFLOW_RANGE = ((2, 16), (2, 22))  # TensorFlow is optional: absent is fine
-PYTHON_FLOOR = (3, 10)
+PYTHON_FLOOR = (3, 11)  # pyproject requires-python, Makefile, README
 # never installed into the site environment: the site provides these (or goes without)
 NEVER_INSTALL = {"torch", "tensorflow", "tensorflow-cpu", "tensorflow-intel", "keras",
                  "jupyterlab", "notebook", "playwright", "pytest-playwright"}

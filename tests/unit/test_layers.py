@@ -430,3 +430,12 @@ def test_checker_finds_private_torch_and_lazy_imports(monkeypatch):
     assert any("torch.utils._python_dispatch" in t for t in found)
     assert any(t.endswith("torch._C") for t in found)
     assert not any("memory_allocated" in t for t in found)
+
+
+def test_contributing_describes_every_layer():
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    section = text.split("### Layers", 1)[-1].split("\n## ", 1)[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith("|")]
+    missing = [f"`{layer}/`" for layer in LAYERS if not any(f"`{layer}/`" in r for r in rows)]
+    missing += [f"`{t}.py`" for t in TOPICS if not any(f"`{t}.py`" in r for r in rows)]
+    assert not missing, f"CONTRIBUTING 'Layers' has no row for {missing}"
