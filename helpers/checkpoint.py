@@ -14,6 +14,7 @@ numbers, strings and containers of them, never pickled code. Imports torch.
 from __future__ import annotations
 
 import os
+import pickle
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+
+from .core.checks import device_arg, flag, text, whole_number
+from .core.fmt import ShownAsTable
 
 __all__ = [
     "FORMAT",
@@ -63,12 +67,18 @@ def set_rng_state(state: dict) -> list[str]:
     if not isinstance(state, dict) or not {"python", "numpy", "torch"} <= set(state):
         raise ValueError("state must be a dict from rng_state() with keys python, numpy, "
                          f"torch (and cuda); got {type(state).__name__}")
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"],
-                         n["has_gauss"], n["gauss"]))
-    torch.set_rng_state(state["torch"].cpu())
+    try:
+        version, internal, gauss = state["python"]
+        n = state["numpy"]
+        numpy_state = (n["kind"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"],
+                       n["has_gauss"], n["gauss"])
+        torch_state = state["torch"].cpu()
+        random.setstate((version, tuple(internal), gauss))
+        np.random.set_state(numpy_state)
+        torch.set_rng_state(torch_state)
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+        raise ValueError(f"state is not what rng_state() returned ({type(exc).__name__}: "
+                         f"{str(exc)[:200]})") from None
     restored = ["python", "numpy", "torch"]
     cuda = list(state.get("cuda", []))
     if cuda and torch.cuda.is_available():
@@ -78,38 +88,65 @@ def set_rng_state(state: dict) -> list[str]:
     return restored
 
 
-_PLAIN = (type(None), bool, int, float, str)
+_DEEPEST = 100  # nesting levels allowed in ``extra`` (pickle itself fails near 1,000)
 
 
-def _check_plain(value, where: str) -> None:
-    """Only what torch.load(weights_only=True) can read back may go into ``extra``."""
-    if isinstance(value, _PLAIN) or isinstance(value, torch.Tensor):
-        return
-    if isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _check_plain(v, f"{where}[{i}]")
-        return
+def _plain(value, where: str, path: tuple = ()):
+    """``value`` as exactly what ``torch.load(weights_only=True)`` reads back: NumPy scalars
+    and subclasses of bool/int/float/str/list/tuple/dict become the plain built-in (the
+    loader refuses even a ``np.float64``, a ``defaultdict`` or an ``IntEnum``); anything else,
+    a non-string key, a cycle or nesting deeper than 100 levels is an error naming the part.
+    """
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    for kind in (int, float, str):
+        if isinstance(value, kind):
+            return kind.__str__(value) if kind is str else kind(value)
+    if isinstance(value, np.generic) and value.ndim == 0 and value.dtype.kind in "iuf":
+        return value.item()
+    if not isinstance(value, (list, tuple, dict)):
+        raise TypeError(
+            f"{where} is a {type(value).__name__}; a checkpoint holds only tensors, numbers, "
+            "strings, None and lists/dicts of them (torch.load(weights_only=True) reads "
+            "nothing else)")
+    if any(value is seen for seen in path):
+        raise ValueError(f"{where} contains itself (a cycle); a checkpoint holds trees only")
+    if len(path) >= _DEEPEST:
+        raise ValueError(f"extra is nested more than {_DEEPEST} levels deep (at {where[:80]}...)")
+    inner = (*path, value)
     if isinstance(value, dict):
+        out = {}
         for k, v in value.items():
             if not isinstance(k, str):
                 raise TypeError(f"{where} has a non-string key {k!r}")
-            _check_plain(v, f"{where}[{k!r}]")
-        return
-    raise TypeError(
-        f"{where} is a {type(value).__name__}; a checkpoint holds only tensors, numbers, "
-        "strings, None and lists/dicts of them (torch.load(weights_only=True) reads nothing else)"
-    )
+            out[str.__str__(k)] = _plain(v, f"{where}[{k!r}]", inner)
+        return out
+    items = [_plain(v, f"{where}[{i}]", inner) for i, v in enumerate(value)]
+    return tuple(items) if isinstance(value, tuple) else items
 
 
-def _nonneg_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    return value
+def _file(path) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
+    return Path(text(os.fspath(path), "path", longest=4096))
+
+
+def _check_parts(optimizer, scaler) -> None:
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+        raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
 
 
 def save_checkpoint(path, *, model: nn.Module, optimizer=None, scaler=None, epoch: int,
                     step: int = 0, extra: dict | None = None) -> Path:
     """Write model, optimizer, GradScaler, RNG states, epoch and step to one file, atomically.
+
+    The file is written under a temporary name and read back (``weights_only=True``) before
+    it replaces ``path``, so a save never leaves an unreadable checkpoint where a good one was.
 
     Args:
         path: file to write (its folder is created). Under DDP call this on rank 0 only.
@@ -118,25 +155,22 @@ def save_checkpoint(path, *, model: nn.Module, optimizer=None, scaler=None, epoc
         scaler: a ``torch.amp.GradScaler`` (or None).
         epoch: epochs completed (resume starts at this epoch).
         step: batches already done inside ``epoch`` (0 at an epoch boundary).
-        extra: small values to keep (numbers, strings, tensors, lists/dicts of them).
+        extra: small values to keep (numbers, strings, tensors, lists/dicts of them). NumPy
+            scalars (``np.mean(...)``) and subclasses of the built-in types are stored as the
+            plain built-in, which is what loading returns.
 
     Returns:
         The path written.
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
+    path = _file(path)
     plain = unwrap(model)
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
-                        f"{type(optimizer).__name__}")
-    if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
-        raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
-    _nonneg_int(epoch, "epoch")
-    _nonneg_int(step, "step")
+    _check_parts(optimizer, scaler)
+    epoch = whole_number(epoch, "epoch")
+    step = whole_number(step, "step")
     extra = {} if extra is None else extra
     if not isinstance(extra, dict):
         raise TypeError(f"extra must be a dict, got {type(extra).__name__}")
-    _check_plain(extra, "extra")
+    extra = _plain(extra, "extra")
 
     state = {
         "format": FORMAT,
@@ -148,33 +182,65 @@ def save_checkpoint(path, *, model: nn.Module, optimizer=None, scaler=None, epoc
         "rng": rng_state(),
         "extra": extra,
     }
-    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         torch.save(state, tmp)
+        _load(tmp, "cpu", shown=path)  # it must read back before it replaces the old file
         os.replace(tmp, path)  # atomic: readers see the old file or the new one
     finally:
         tmp.unlink(missing_ok=True)
     return path
 
 
-def read_checkpoint(path, map_location="cpu") -> dict:
-    """Load a checkpoint written by :func:`save_checkpoint` as a dict (weights_only=True)."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    state = torch.load(path, map_location=map_location, weights_only=True)
+# the parts of a checkpoint and the types they must have
+_PARTS = {"epoch": int, "step": int, "model": dict, "optimizer": (dict, type(None)),
+          "scaler": (dict, type(None)), "rng": dict, "extra": dict}
+
+
+def _load(path: Path, map_location, shown: Path) -> dict:
+    """Read ``path`` with ``weights_only=True``; every way it can be damaged or foreign is a
+    ValueError that names ``shown`` and what is wrong."""
+    problem = f"{shown} is not a checkpoint written by save_checkpoint (format {FORMAT!r})"
+    if path.stat().st_size == 0:
+        raise ValueError(f"{problem}: the file is empty")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        # torch's own message suggests weights_only=False: never do that for a file you did
+        # not write yourself, it runs whatever code the file holds
+        raise ValueError(f"{problem}: it holds objects other than tensors, numbers, strings "
+                         "and containers of them") from None
+    except (RuntimeError, OSError, EOFError, KeyError, ValueError, TypeError,
+            AttributeError) as exc:
+        raise ValueError(f"{problem}: it is not a PyTorch file, or it is cut short "
+                         f"({type(exc).__name__} while reading it)") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a checkpoint written by save_checkpoint "
-                         f"(format {FORMAT!r})")
+        raise ValueError(problem)
+    for part, kind in _PARTS.items():
+        if part not in state or not isinstance(state[part], kind) or \
+                isinstance(state[part], bool):
+            raise ValueError(f"{shown} is damaged: its {part!r} part is missing or has the "
+                             "wrong type")
+    if not all(isinstance(k, str) for k in state["model"]):
+        raise ValueError(f"{shown} is damaged: its model weights are not a state_dict")
     return state
 
 
-@dataclass
-class CheckpointInfo:
+def read_checkpoint(path, map_location="cpu") -> dict:
+    """Load a checkpoint written by :func:`save_checkpoint` as a dict (weights_only=True).
+
+    A missing file is a FileNotFoundError; an empty, cut-short, foreign or damaged file a
+    ValueError naming the file and what is wrong.
+    """
+    path = _file(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    return _load(path, device_arg(map_location, "map_location"), shown=path)
+
+
+@dataclass(repr=False)
+class CheckpointInfo(ShownAsTable):
     """What :func:`load_checkpoint` restored."""
 
     path: str
@@ -186,9 +252,6 @@ class CheckpointInfo:
     def text(self) -> str:
         return (f"resumed {Path(self.path).name} at epoch {self.epoch}, step {self.step}; "
                 f"restored: {', '.join(self.restored)}")
-
-    def __repr__(self) -> str:
-        return self.text()
 
 
 def load_checkpoint(path, *, model: nn.Module, optimizer=None, scaler=None,
@@ -208,8 +271,8 @@ def load_checkpoint(path, *, model: nn.Module, optimizer=None, scaler=None,
         A :class:`CheckpointInfo` with the epoch, step and extra values.
     """
     plain = unwrap(model)
-    if not isinstance(restore_rng, bool):
-        raise TypeError(f"restore_rng must be True or False, got {restore_rng!r}")
+    _check_parts(optimizer, scaler)
+    flag(restore_rng, "restore_rng")
     state = read_checkpoint(path, map_location=map_location)
     restored = []
     weights = state["model"]

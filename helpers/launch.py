@@ -13,6 +13,7 @@ Imports neither torch nor TensorFlow (``ddp_plan()`` asks torch for the GPU coun
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -25,6 +26,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from .core.checks import choice, positive_int, real_number, text, whole_number
+from .core.fmt import ShownAsTable
 
 __all__ = [
     "SCRIPTS",
@@ -42,15 +46,19 @@ __all__ = [
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 _ENDPOINT = re.compile(r"^\[?([A-Za-z0-9_.:-]+?)\]?:(\d{1,5})$")
 
+_LONGEST_RUN = 7 * 24 * 3600.0  # run_captured's largest timeout: a week, in seconds
 
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+def _endpoint(value, name: str, example: str) -> str:
+    """``value`` if it is a ``host:port`` string with a port from 1 to 65535."""
+    match = _ENDPOINT.match(text(value, name, longest=300))
+    if not match or not 1 <= int(match.group(2)) <= 65535:
+        raise ValueError(f"{name} must look like {example!r} (host:port), got {value!r}")
     return value
 
 
-@dataclass(frozen=True)
-class DDPPlan:
+@dataclass(frozen=True, repr=False)
+class DDPPlan(ShownAsTable):
     """How many processes to start on this machine, on which device, over which backend."""
 
     nproc_per_node: int
@@ -64,9 +72,6 @@ class DDPPlan:
         return (f"{self.nproc_per_node} processes on the CPU over {self.backend} "
                 f"(no GPU here; on a GPU node: one process per GPU over nccl)")
 
-    def __repr__(self) -> str:
-        return self.text()
-
 
 def ddp_plan(n_gpus: int | None = None, *, cpu_processes: int = 2) -> DDPPlan:
     """One process per GPU over NCCL, or ``cpu_processes`` CPU processes over gloo.
@@ -79,9 +84,8 @@ def ddp_plan(n_gpus: int | None = None, *, cpu_processes: int = 2) -> DDPPlan:
         import torch
 
         n_gpus = torch.cuda.device_count()
-    if isinstance(n_gpus, bool) or not isinstance(n_gpus, int) or n_gpus < 0:
-        raise ValueError(f"n_gpus must be an integer >= 0 or None, got {n_gpus!r}")
-    _positive_int(cpu_processes, "cpu_processes")
+    n_gpus = whole_number(n_gpus, "n_gpus", 0, 4096)
+    cpu_processes = positive_int(cpu_processes, "cpu_processes", 4096)
     if n_gpus > 0:
         return DDPPlan(n_gpus, "cuda", "nccl")
     return DDPPlan(cpu_processes, "cpu", "gloo")
@@ -115,13 +119,14 @@ def torchrun_command(
     Returns:
         The command as a list of strings, starting with ``"torchrun"``.
     """
-    if not isinstance(script, (str, Path)) or not str(script).endswith(".py"):
+    if not isinstance(script, (str, os.PathLike)):
+        raise TypeError(f"script must be the path of a .py file, got {type(script).__name__}")
+    if not text(os.fspath(script), "script", longest=4096).endswith(".py"):
         raise ValueError(f"script must be the path of a .py file, got {script!r}")
     args = _check_args(script_args, "script_args")
-    _positive_int(nproc_per_node, "nproc_per_node")
-    _positive_int(nnodes, "nnodes")
-    if rdzv_backend not in ("c10d", "static", "etcd", "etcd-v2"):
-        raise ValueError(f"rdzv_backend must be 'c10d' (or static, etcd), got {rdzv_backend!r}")
+    positive_int(nproc_per_node, "nproc_per_node", 4096)
+    positive_int(nnodes, "nnodes", 4096)
+    choice(rdzv_backend, "rdzv_backend", ("c10d", "static", "etcd", "etcd-v2"))
     if rdzv_endpoint is None:
         if nnodes > 1:
             raise ValueError(
@@ -130,12 +135,15 @@ def torchrun_command(
             )
         return ["torchrun", "--standalone", f"--nproc_per_node={nproc_per_node}",
                 str(script), *args]
-    match = _ENDPOINT.match(str(rdzv_endpoint))
-    if not match or not 1 <= int(match.group(2)) <= 65535:
-        raise ValueError(f"rdzv_endpoint must look like 'node001:29500', got {rdzv_endpoint!r}")
-    if rdzv_id is None or isinstance(rdzv_id, bool) or str(rdzv_id).strip() == "":
+    _endpoint(rdzv_endpoint, "rdzv_endpoint", "node001:29500")
+    if rdzv_id is None:
         raise ValueError("rdzv_id is required with rdzv_endpoint: a job-wide id such as "
                          "the SLURM job id")
+    if not isinstance(rdzv_id, str):
+        whole_number(rdzv_id, "rdzv_id")
+    elif not re.fullmatch(r"[\w.-]{1,200}", rdzv_id):
+        raise ValueError(f"rdzv_id must be letters, digits, '.', '-' or '_' (such as the "
+                         f"SLURM job id), got {rdzv_id!r}")
     return [
         "torchrun", f"--nnodes={nnodes}", f"--nproc_per_node={nproc_per_node}",
         f"--rdzv_id={rdzv_id}", f"--rdzv_backend={rdzv_backend}",
@@ -154,7 +162,7 @@ def script_path(name: str) -> str:
     Lessons run with the notebook's folder as working folder, so this is usually
     ``../scripts/<name>``.
     """
-    if not isinstance(name, str) or not name or "/" in name:
+    if "/" in text(name, "name", longest=255):
         raise ValueError(f"name must be a file name in scripts/, got {name!r}")
     path = SCRIPTS / name
     if not path.is_file():
@@ -177,8 +185,8 @@ def _resolve(command: list[str]) -> list[str]:
     return command
 
 
-@dataclass(frozen=True)
-class RunResult:
+@dataclass(frozen=True, repr=False)
+class RunResult(ShownAsTable):
     """A finished command: what ran, its exit code, everything it printed, how long it took."""
 
     command: list[str]
@@ -203,9 +211,6 @@ class RunResult:
         return (f"$ {command_text(self.command)}\n{self.output.rstrip()}\n"
                 f"(exit code {self.returncode})")
 
-    def __repr__(self) -> str:
-        return self.text()
-
 
 def run_captured(
     command: Sequence[str],
@@ -219,13 +224,13 @@ def run_captured(
     ``"torchrun"`` and ``"python"`` as the first word mean the ones of this environment.
     ``env`` is added to the current environment (with ``PYTHONUNBUFFERED=1``). The command
     runs in its own process group; on timeout the whole group (torchrun and its workers) is
-    killed and TimeoutError raised with the output so far.
+    killed and TimeoutError raised with the output so far (``timeout``: seconds, up to a
+    week). Any other error while waiting (Ctrl-C included) kills the group too.
     """
     cmd = _check_args(command, "command")
     if not cmd:
         raise ValueError("command must not be empty")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    timeout = real_number(timeout, "timeout", 0, _LONGEST_RUN, above=True)
     if env is not None and not isinstance(env, Mapping):
         raise TypeError(f"env must be a mapping of strings, got {type(env).__name__}")
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -239,13 +244,17 @@ def run_captured(
     start = time.perf_counter()
     proc = subprocess.Popen(
         _resolve(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=full_env, cwd=cwd, start_new_session=True,
+        errors="replace", env=full_env, cwd=cwd, start_new_session=True,
     )
     try:
         output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+    except BaseException as exc:
+        # a timeout, Ctrl-C or any other error: never leave torchrun and its workers running
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            raise
         raise TimeoutError(
             f"`{command_text(cmd)}` did not finish within {timeout} s and was killed; "
             f"output so far:\n{output[-4000:]}"
@@ -272,17 +281,14 @@ def tf_config(workers: Sequence[str], index: int, *, task_type: str = "worker") 
         ``{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": i}}``; set it
         with ``os.environ["TF_CONFIG"] = json.dumps(...)`` before creating the strategy.
     """
-    if isinstance(workers, str) or not isinstance(workers, Sequence) or not workers:
-        raise ValueError(f"workers must be a non-empty list of 'host:port', got {workers!r}")
+    if isinstance(workers, str) or not isinstance(workers, Sequence):
+        raise TypeError(f"workers must be a list of 'host:port', got {type(workers).__name__}")
+    if not workers:
+        raise ValueError("workers must not be empty")
     for w in workers:
-        match = _ENDPOINT.match(w) if isinstance(w, str) else None
-        if not match or not 1 <= int(match.group(2)) <= 65535:
-            raise ValueError(f"each worker must be host:port, e.g. 'node001:23456'; got {w!r}")
-    if len(set(workers)) != len(workers):
+        _endpoint(w, "each worker", "node001:23456")
+    if len({w.lower() for w in workers}) != len(workers):  # host names ignore case
         raise ValueError(f"workers must be distinct, got {list(workers)}")
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(workers):
-        raise ValueError(f"index must be an integer from 0 to {len(workers) - 1}, got {index!r}")
-    if task_type != "worker":
-        raise ValueError(f"task_type must be 'worker' for MultiWorkerMirroredStrategy, "
-                         f"got {task_type!r}")
+    index = whole_number(index, "index", 0, len(workers) - 1)
+    choice(task_type, "task_type", ["worker"])
     return {"cluster": {"worker": list(workers)}, "task": {"type": task_type, "index": index}}

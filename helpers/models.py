@@ -11,11 +11,13 @@ from torch import nn
 
 __all__ = ["MLP", "SmallCNN", "ResNet", "TransformerBlock", "count_parameters"]
 
+from .core.checks import positive_int, whole_number
+
+_WIDEST = 2**20  # the largest width, channel or class count a constructor accepts
+
 
 def _positive(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return positive_int(value, name, _WIDEST)
 
 
 class MLP(nn.Module):
@@ -146,7 +148,7 @@ class ResNet(nn.Module):
     def __init__(self, depth: int = 50, n_classes: int = 1000, in_channels: int = 3,
                  width: int = 64):
         super().__init__()
-        if depth not in _RESNET_LAYOUT:
+        if whole_number(depth, "depth") not in _RESNET_LAYOUT:
             raise ValueError(f"depth must be one of {sorted(_RESNET_LAYOUT)}, got {depth!r}")
         _positive(n_classes, "n_classes")
         _positive(in_channels, "in_channels")

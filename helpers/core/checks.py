@@ -44,17 +44,21 @@ def positive_int(value, name: str, maximum: int = LARGEST) -> int:
 
 def real_number(value, name: str, minimum: float | None = None, maximum: float | None = None,
                 *, above: bool = False, finite: bool = True) -> float:
-    """``value`` as a ``float``: TypeError unless a real number (int, float, NumPy, Fraction,
-    Decimal; not a bool), ValueError if NaN, infinite (unless ``finite=False``), below
-    ``minimum`` (or equal to it with ``above=True``) or above ``maximum``."""
+    """``value`` as a ``float``: TypeError unless a real number (int, float, NumPy, Fraction;
+    not a bool), ValueError if NaN, infinite (unless ``finite=False``, which also turns a
+    number beyond a float's range into an infinity), below ``minimum`` (or equal to it with
+    ``above=True``) or above ``maximum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}: {_short(value)}")
     try:
         number = float(value)
-    except OverflowError:
-        raise ValueError(f"{name} is too large: {_short(value)}") from None
+    except OverflowError:  # an integer or Fraction beyond a float's range
+        if finite:
+            raise ValueError(f"{name} is too large: {_short(value)}") from None
+        number = math.inf if value > 0 else -math.inf
     if math.isnan(number) or (finite and math.isinf(number)):
-        raise ValueError(f"{name} must be a finite number, got {_short(value)}")
+        word = "finite number" if finite else "number, not NaN"
+        raise ValueError(f"{name} must be a {word}, got {_short(value)}")
     if minimum is not None and (number < minimum or (above and number == minimum)):
         word = "greater than" if above else "at least"
         raise ValueError(f"{name} must be {word} {minimum}, got {_short(value)}")

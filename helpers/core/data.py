@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checks import positive_int
+from .checks import flag, positive_int, real_number, whole_number
 
 __all__ = ["classification_data", "image_data", "torch_dataset", "torch_loader"]
 
+_MOST_NUMBERS = 2**30  # the most numbers a generator makes (4 GiB of float32)
+
 
 def _seed(seed) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    return int(seed)
+    return whole_number(seed, "seed", 0, 2**63 - 1)  # torch.Generator's largest seed
+
+
+def _size_check(shape: tuple[int, ...], name: str) -> None:
+    if np.prod(shape, dtype=object) > _MOST_NUMBERS:
+        raise ValueError(f"{name} of shape {shape} would hold more than {_MOST_NUMBERS:,} "
+                         "numbers; the lessons' data sets are far smaller")
 
 
 def classification_data(
@@ -36,8 +42,8 @@ def classification_data(
     n_classes = positive_int(n_classes, "n_classes")
     if n_classes < 2:
         raise ValueError(f"n_classes must be at least 2, got {n_classes}")
-    if not isinstance(noise, (int, float)) or noise < 0:
-        raise ValueError(f"noise must be a number >= 0, got {noise!r}")
+    noise = real_number(noise, "noise", 0)
+    _size_check((n_samples, n_features), "x")
     rng = np.random.default_rng(_seed(seed))
     centres = rng.normal(0.0, 2.0, size=(n_classes, n_features))
     y = rng.integers(0, n_classes, size=n_samples)
@@ -59,6 +65,8 @@ def image_data(
     channels = positive_int(channels, "channels")
     size = positive_int(size, "size")
     n_classes = positive_int(n_classes, "n_classes")
+    flag(channels_last, "channels_last")
+    _size_check((n_samples, channels, size, size), "x")
     rng = np.random.default_rng(_seed(seed))
     y = rng.integers(0, n_classes, size=n_samples)
     grid = np.linspace(0.0, 2.0 * np.pi, size, dtype=np.float32)
@@ -79,9 +87,19 @@ def torch_dataset(x, y):
     import torch
     from torch.utils.data import TensorDataset
 
-    if len(x) != len(y):
+    tensors = []
+    for name, value in (("x", x), ("y", y)):
+        try:
+            tensor = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"{name} must be an array of numbers, got "
+                            f"{type(value).__name__}") from None
+        if tensor.dim() == 0:
+            raise ValueError(f"{name} must have one entry per sample, got a single number")
+        tensors.append(tensor)
+    if len(tensors[0]) != len(tensors[1]):
         raise ValueError(f"x and y must have the same length, got {len(x)} and {len(y)}")
-    return TensorDataset(torch.as_tensor(x), torch.as_tensor(y))
+    return TensorDataset(*tensors)
 
 
 def torch_loader(x, y, batch_size: int = 64, *, shuffle: bool = True, seed: int = 0, **kwargs):
@@ -90,6 +108,7 @@ def torch_loader(x, y, batch_size: int = 64, *, shuffle: bool = True, seed: int 
     from torch.utils.data import DataLoader
 
     batch_size = positive_int(batch_size, "batch_size")
+    flag(shuffle, "shuffle")
     generator = torch.Generator().manual_seed(_seed(seed))
     return DataLoader(
         torch_dataset(x, y), batch_size=batch_size, shuffle=shuffle, generator=generator,

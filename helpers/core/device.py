@@ -12,7 +12,9 @@ import platform
 import sys
 from dataclasses import dataclass, field
 
-from .fmt import fmt_gib
+from . import environment
+from .checks import flag
+from .fmt import ShownAsTable, fmt_gib
 
 __all__ = ["DeviceReport", "GpuRow", "device_report"]
 
@@ -32,8 +34,8 @@ class GpuRow:
     source: str  # "NVML" or "torch"
 
 
-@dataclass
-class DeviceReport:
+@dataclass(repr=False)
+class DeviceReport(ShownAsTable):
     python: str
     platform: str
     cpu_cores: int
@@ -95,13 +97,7 @@ class DeviceReport:
         lines += [f"Note: {n}" for n in self.notes]
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.text()
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_html_(self) -> str:
+    def _html(self) -> str:
         body = "".join(
             f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
             f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
@@ -127,8 +123,7 @@ def device_report(*, tensorflow: bool = True) -> DeviceReport:
         tensorflow: also import TensorFlow (quietly) and list its physical devices. Costs a
             few seconds the first time; pass False to skip.
     """
-    if not isinstance(tensorflow, bool):
-        raise TypeError(f"tensorflow must be True or False, got {tensorflow!r}")
+    flag(tensorflow, "tensorflow")
     from .nvml import list_gpus, nvml_status
 
     report = DeviceReport(
@@ -162,17 +157,12 @@ def device_report(*, tensorflow: bool = True) -> DeviceReport:
         report.mps_available = bool(mps is not None and mps.is_available())
 
     if tensorflow:
-        from .environment import quiet_tensorflow_env
-
-        quiet_tensorflow_env()
-        try:
-            import tensorflow as tf
-        except ImportError:
+        support = environment.tensorflow_support  # set by helpers.tf.runtime
+        described = support.describe() if support is not None else None
+        if described is not None:
+            report.tensorflow, report.tf_built_with_cuda, report.tf_devices = described
+        elif support is not None:
             report.notes.append("TensorFlow is not installed; lessons 02, 03 and 07 need it.")
-        else:
-            report.tensorflow = tf.__version__
-            report.tf_built_with_cuda = tf.test.is_built_with_cuda()
-            report.tf_devices = [d.name for d in tf.config.list_physical_devices()]
 
     if not report.has_gpu:
         if report.mps_available:

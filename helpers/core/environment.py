@@ -11,9 +11,12 @@ import random
 import sys
 from dataclasses import dataclass, field
 
+from .checks import choice, flag, whole_number
+from .fmt import ShownAsTable
+
 __all__ = ["SetupReport", "setup", "pick_device", "quiet_tensorflow_env"]
 
-# Environment variables that must be set *before* TensorFlow is imported (see FACTS.md):
+# Environment variables that must be set *before* TensorFlow is imported:
 # no C++ INFO/WARNING banners, no oneDNN notice (this also fixes CPU bf16/fp16 speed), and
 # TensorFlow grows GPU memory on demand instead of reserving the whole card at start-up, so
 # torch and TensorFlow can share one kernel and learners can share one GPU.
@@ -33,6 +36,13 @@ CUBLAS_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 # without touching a value the user set)
 _SET_BY_SETUP: dict[str, str] = {}
 
+# The TensorFlow side of setup() and device_report(). The core layer never imports TensorFlow:
+# helpers.tf.runtime installs itself here when it is imported (``import helpers`` does that).
+# It has configure(seed) -> str | None (what happened to GPU memory) and
+# describe() -> (version, built with CUDA, device names) | None; None: TensorFlow is not
+# installed.
+tensorflow_support = None
+
 
 def quiet_tensorflow_env() -> dict[str, str]:
     """Set TensorFlow's environment variables (unless the user set them) and return them."""
@@ -43,8 +53,8 @@ def quiet_tensorflow_env() -> dict[str, str]:
     return applied
 
 
-@dataclass
-class SetupReport:
+@dataclass(repr=False)
+class SetupReport(ShownAsTable):
     """What :func:`setup` did, in the order it did it."""
 
     seed: int
@@ -68,9 +78,6 @@ class SetupReport:
         if "tensorflow GPU memory" in s:
             lines.append(f"TensorFlow GPUs: {s['tensorflow GPU memory']}")
         return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return self.text()
 
 
 def setup(seed: int = 0, *, deterministic: bool = True, benchmark: bool = False,
@@ -109,19 +116,14 @@ def setup(seed: int = 0, *, deterministic: bool = True, benchmark: bool = False,
     Returns:
         A :class:`SetupReport` listing what was seeded and set.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}: {seed!r}")
-    if not 0 <= seed < 2**32:
-        raise ValueError(f"seed must be between 0 and 2**32 - 1, got {seed}")
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be True or False, got {deterministic!r}")
-    if not isinstance(benchmark, bool):
-        raise TypeError(f"benchmark must be True or False, got {benchmark!r}")
+    seed = whole_number(seed, "seed", 0, 2**32 - 1)
+    flag(deterministic, "deterministic")
+    flag(benchmark, "benchmark")
     if benchmark and deterministic:
         raise ValueError("benchmark=True picks cuDNN algorithms by timing them, which is not "
                          "repeatable; use it with deterministic=False")
-    if tensorflow not in (True, False, None):
-        raise TypeError(f"tensorflow must be True, False or None, got {tensorflow!r}")
+    if tensorflow is not None:
+        flag(tensorflow, "tensorflow")
 
     report = SetupReport(seed=seed, deterministic=deterministic, benchmark=benchmark)
     report.settings.update(quiet_tensorflow_env())
@@ -129,13 +131,10 @@ def setup(seed: int = 0, *, deterministic: bool = True, benchmark: bool = False,
 
     random.seed(seed)
     report.seeded.append("python")
-    try:
-        import numpy as np
+    import numpy as np
 
-        np.random.seed(seed)
-        report.seeded.append("numpy")
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        pass
+    np.random.seed(seed)
+    report.seeded.append("numpy")
 
     try:
         import torch
@@ -155,16 +154,14 @@ def setup(seed: int = 0, *, deterministic: bool = True, benchmark: bool = False,
         report.settings["cuDNN benchmark"] = "on" if benchmark else "off"
 
     use_tf = tensorflow if tensorflow is not None else "tensorflow" in sys.modules
-    if use_tf:
-        try:
-            import tensorflow as tf
-        except ImportError:
+    if use_tf and tensorflow_support is None:
+        report.settings["tensorflow"] = "not configured (helpers.tf.runtime is not imported)"
+    elif use_tf:
+        grown = tensorflow_support.configure(seed)
+        if grown is None:
             report.settings["tensorflow"] = "not installed"
         else:
-            tf.get_logger().setLevel("ERROR")
-            tf.keras.utils.set_random_seed(seed)
             report.seeded.append("tensorflow")
-            grown = _tf_memory_growth(tf)
             report.settings["tensorflow GPU memory"] = grown
     return report
 
@@ -186,19 +183,6 @@ def _cublas_env(deterministic: bool) -> str:
     return f"{key}={current} (set outside helpers, left as is)"
 
 
-def _tf_memory_growth(tf) -> str:
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return "no GPU (growth applies when one is present)"
-    for gpu in gpus:
-        try:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        except RuntimeError:
-            # GPUs already initialised: TF_FORCE_GPU_ALLOW_GROWTH set before import covers it.
-            return "already initialised (TF_FORCE_GPU_ALLOW_GROWTH decides)"
-    return f"grow on demand on {len(gpus)} GPU(s)"
-
-
 _DEVICE_KINDS = ("auto", "cuda", "mps", "cpu")
 
 
@@ -212,8 +196,7 @@ def pick_device(prefer: str = "auto"):
     Returns:
         A ``torch.device``.
     """
-    if not isinstance(prefer, str) or prefer not in _DEVICE_KINDS:
-        raise ValueError(f"prefer must be one of {', '.join(_DEVICE_KINDS)}; got {prefer!r}")
+    choice(prefer, "prefer", _DEVICE_KINDS)
     import torch
 
     available = []

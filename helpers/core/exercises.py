@@ -16,6 +16,9 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .checks import text
+from .fmt import ShownAsTable
+
 __all__ = ["CheckResult", "NotSolved", "check", "EXERCISE_ID"]
 
 EXERCISE_ID = re.compile(r"^(\d\d)-[a-z0-9]+(?:-[a-z0-9]+)*$")
@@ -25,8 +28,8 @@ class NotSolved(AssertionError):
     """Raise inside a check function to say what is still missing (no traceback shown)."""
 
 
-@dataclass(frozen=True)
-class CheckResult:
+@dataclass(frozen=True, repr=False)
+class CheckResult(ShownAsTable):
     exercise_id: str
     passed: bool
     message: str
@@ -38,10 +41,7 @@ class CheckResult:
     def __bool__(self) -> bool:
         return self.passed
 
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_html_(self) -> str:
+    def _html(self) -> str:
         kind = "success" if self.passed else "warning"
         mark = "&#10004;" if self.passed else "&#9998;"
         return (
@@ -69,29 +69,32 @@ def check(
         Errors raised by the learner's code are reported, never re-raised, so the rest of
         the notebook keeps running.
     """
-    if not isinstance(exercise_id, str) or not EXERCISE_ID.match(exercise_id):
+    if not EXERCISE_ID.fullmatch(text(exercise_id, "exercise_id", longest=200)):
         raise ValueError(
             f"exercise_id must look like '01-device-agnostic' (two digits, a dash, lowercase "
             f"words joined by dashes), got {exercise_id!r}"
         )
     if not callable(test):
         raise TypeError(f"test must be a function without arguments, got {type(test).__name__}")
+    success = text(success, "success", empty=True)
     try:
         outcome = test()
-    except AssertionError as exc:  # includes NotSolved
-        message = str(exc) or "a check in this cell failed (no message)."
-        return CheckResult(exercise_id, False, message)
-    except NotImplementedError as exc:
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        message = f"`{where.name}` is not written yet (it still raises NotImplementedError)."
-        return CheckResult(exercise_id, False, message)
-    except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        message = (
-            f"your code raised {type(exc).__name__}: {exc} "
-            f"(in {where.name}, line {where.lineno})"
-        )
-        return CheckResult(exercise_id, False, message)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the learner's code may raise anything
+        return CheckResult(exercise_id, False, _explain(exc))
     if isinstance(outcome, str) and outcome:
         return CheckResult(exercise_id, True, outcome)
     return CheckResult(exercise_id, True, success)
+
+
+def _explain(exc: BaseException) -> str:
+    """What a failed check says about the exception the learner's code raised."""
+    try:
+        said = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the failure
+        said = f"<a {type(exc).__name__} whose message cannot be shown>"
+    if isinstance(exc, AssertionError):  # includes NotSolved
+        return said or "a check in this cell failed (no message)."
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    if isinstance(exc, NotImplementedError):
+        return f"`{where.name}` is not written yet (it still raises NotImplementedError)."
+    return f"your code raised {type(exc).__name__}: {said} (in {where.name}, line {where.lineno})"

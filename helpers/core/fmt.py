@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from .checks import flag, real_number, text, whole_number
 
 __all__ = [
     "KiB",
@@ -35,68 +37,84 @@ MiB = 1024**2
 GiB = 1024**3
 
 
-def _check_number(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}: {value!r}")
-    if math.isnan(value):
-        raise ValueError(f"{name} must not be NaN")
-    return float(value)
+def _number(value, name: str) -> float:
+    """``value`` as a float to print: any real number (not a bool; TypeError otherwise), NaN a
+    ValueError; a number beyond a float's range (``10**400``) prints as ``inf``."""
+    return real_number(value, name, finite=False)
+
+
+def _fixed(value: float, digits: int, grouping: str = "") -> str:
+    """``value`` with ``digits`` decimals, in scientific notation from 1e15 up (no real size,
+    time or rate is that large, but it should still print as one short number)."""
+    if math.isfinite(value) and abs(value) >= 1e15:
+        return f"{value:.{digits}e}"
+    return f"{value:{grouping}.{digits}f}"
+
+
+def _digits(digits) -> int:
+    return whole_number(digits, "digits", 0, 15)
 
 
 def fmt_bytes(n_bytes, digits: int = 2) -> str:
-    """Bytes as a human-readable binary size: ``fmt_bytes(3 * 2**20) == '3.00 MiB'``."""
-    n = _check_number(n_bytes, "n_bytes")
+    """Bytes as a human-readable binary size: ``fmt_bytes(3 * 2**20) == '3.00 MiB'``.
+
+    Every ``fmt_*`` takes any real number (int, float, NumPy, Fraction); NaN is a ValueError
+    and anything else a TypeError naming the argument. Infinity (or an integer too large for a
+    float) prints as ``inf``, numbers of 1e15 and more in the chosen unit in scientific
+    notation (``1.00e+20 GiB``).
+    """
+    n = _number(n_bytes, "n_bytes")
+    digits = _digits(digits)
     sign = "-" if n < 0 else ""
     n = abs(n)
     for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if n >= size:
-            return f"{sign}{n / size:.{digits}f} {unit}"
+            return f"{sign}{_fixed(n / size, digits)} {unit}"
     return f"{sign}{int(n)} B"
 
 
 def fmt_mib(n_bytes, digits: int = 1) -> str:
     """Bytes in MiB, always in MiB (for columns of a table)."""
-    return f"{_check_number(n_bytes, 'n_bytes') / MiB:,.{digits}f} MiB"
+    return f"{_fixed(_number(n_bytes, 'n_bytes') / MiB, _digits(digits), ',')} MiB"
 
 
 def fmt_gib(n_bytes, digits: int = 2) -> str:
     """Bytes in GiB, always in GiB."""
-    return f"{_check_number(n_bytes, 'n_bytes') / GiB:,.{digits}f} GiB"
+    return f"{_fixed(_number(n_bytes, 'n_bytes') / GiB, _digits(digits), ',')} GiB"
 
 
 def fmt_seconds(seconds, digits: int = 3) -> str:
     """A *measured* duration with a tilde and a sensible unit: ``'~12.3 ms'``."""
-    s = _check_number(seconds, "seconds")
-    if s < 0:
-        raise ValueError(f"seconds must be >= 0, got {s}")
+    s = real_number(seconds, "seconds", 0, finite=False)
+    digits = whole_number(digits, "digits", 1, 15)
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
         if s >= scale or unit == "µs":
             value = s / scale
-            return f"~{value:.{_sig(value, digits)}f} {unit}"
+            return f"~{_fixed(value, _sig(value, digits))} {unit}"
     raise AssertionError("unreachable")
 
 
 def _sig(value: float, digits: int) -> int:
     """Decimals needed to show ``digits`` significant digits of ``value``."""
-    if value == 0:
+    if value == 0 or not math.isfinite(value):
         return 0
     return max(0, digits - 1 - int(math.floor(math.log10(abs(value)))))
 
 
 def fmt_rate(per_second, unit: str = "samples/s") -> str:
     """A *measured* throughput with a tilde: ``'~1,234 samples/s'``."""
-    r = _check_number(per_second, "per_second")
-    if r < 0:
-        raise ValueError(f"per_second must be >= 0, got {r}")
+    r = real_number(per_second, "per_second", 0, finite=False)
+    unit = text(unit, "unit", longest=100)
     if r >= 100:
-        return f"~{r:,.0f} {unit}"
+        return f"~{_fixed(r, 0, ',')} {unit}"
     return f"~{r:.{_sig(r, 3)}f} {unit}"
 
 
 def fmt_ratio(ratio, digits: int = 2, measured: bool = True) -> str:
     """A ratio as ``'~1.83x'`` (measured, masked in tests) or ``'0.52x'`` (exact)."""
-    r = _check_number(ratio, "ratio")
-    return f"{'~' if measured else ''}{r:.{digits}f}x"
+    r = _number(ratio, "ratio")
+    tilde = "~" if flag(measured, "measured") else ""
+    return f"{tilde}{_fixed(r, _digits(digits))}x"
 
 
 @dataclass
@@ -111,8 +129,11 @@ class Table:
     title: str | None = None
 
     def __post_init__(self):
-        self.headers = [str(h) for h in self.headers]
-        self.rows = [list(r) for r in self.rows]
+        self.headers = [str(h) for h in _iterable(self.headers, "headers")]
+        self.rows = [list(_iterable(r, f"row {i}"))
+                     for i, r in enumerate(_iterable(self.rows, "rows"))]
+        if self.title is not None:
+            self.title = text(self.title, "title", empty=True)
         for i, row in enumerate(self.rows):
             if len(row) != len(self.headers):
                 raise ValueError(
@@ -166,9 +187,20 @@ class Table:
         return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _iterable(value, name: str) -> Iterable:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a list, got {type(value).__name__}")
+    return value
+
+
 class ShownAsTable:
-    """Mixin for results that show themselves as their ``table()``: as aligned text in a
-    terminal and in ``repr``, as HTML in a notebook. (On a dataclass, pass ``repr=False``.)"""
+    """Mixin for every result that shows itself: as text in a terminal and in ``repr``, as
+    HTML in a notebook. (On a dataclass, pass ``repr=False``.)
+
+    By default both come from ``table()``. A result whose text is not a table overrides
+    ``text()``, and ``_html()`` for its own HTML; without a ``table()`` or ``_html()`` a
+    notebook shows the text alone.
+    """
 
     def table(self) -> Table:
         raise NotImplementedError
@@ -176,8 +208,14 @@ class ShownAsTable:
     def text(self) -> str:
         return self.table().text()
 
+    def _html(self) -> str | None:
+        """HTML for notebooks, or None for text only."""
+        if type(self).table is ShownAsTable.table:
+            return None
+        return self.table()._repr_html_()
+
     def __repr__(self) -> str:
         return self.text()
 
-    def _repr_html_(self) -> str:
-        return self.table()._repr_html_()
+    def _repr_html_(self) -> str | None:
+        return self._html()

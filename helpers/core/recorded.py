@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .fmt import ShownAsTable
+
 __all__ = ["recorded_gpu_results", "RecordedGpuResults", "RESULTS_DIR"]
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "tests" / "gpu" / "results"
@@ -28,8 +30,8 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
 KIND = "gpu-lessons recorded GPU results"
 
 
-@dataclass(frozen=True)
-class RecordedGpuResults:
+@dataclass(frozen=True, repr=False)
+class RecordedGpuResults(ShownAsTable):
     """A results file written by a GPU test script: ``data`` is its JSON content."""
 
     name: str
@@ -60,7 +62,7 @@ class RecordedGpuResults:
     def get(self, key, default=None):
         return self.data.get(key, default)
 
-    def __repr__(self) -> str:
+    def text(self) -> str:
         return self.label
 
 

@@ -22,12 +22,12 @@ before each clock read: pass ``sync=device`` whenever the timed work runs on a G
 from __future__ import annotations
 
 import math
-import numbers
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .fmt import ShownAsTable, Table, fmt_ratio
+from .checks import choice, device_arg, positive_int, real_number, text, whole_number
+from .fmt import ShownAsTable, Table, _fixed, _sig, fmt_ratio
 
 __all__ = ["compare_times", "interleaved_rounds", "sync_function", "TimeComparison",
            "fmt_in_unit", "UNITS"]
@@ -38,22 +38,10 @@ UNITS = {"s": 1.0, "ms": 1e-3, "µs": 1e-6}
 def fmt_in_unit(seconds, unit: str = "ms") -> str:
     """A measured duration in a fixed unit, with a tilde and 3 significant digits:
     ``fmt_in_unit(1.0502) == "~1,050 ms"``, ``fmt_in_unit(4.2e-5) == "~0.0420 ms"``."""
-    if unit not in UNITS:
-        raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
-    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not \
-            seconds >= 0:
-        raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
-    value = float(seconds) / UNITS[unit]
+    value = real_number(seconds, "seconds", 0, finite=False) / UNITS[choice(unit, "unit", UNITS)]
     if value >= 100:
-        return f"~{value:,.0f} {unit}"
-    digits = 2 if value == 0 else max(0, 2 - int(math.floor(math.log10(value))))
-    return f"~{value:.{digits}f} {unit}"
-
-
-def _count(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
+        return f"~{_fixed(value, 0, ',')} {unit}"
+    return f"~{value:.{_sig(value, 3) if value else 2}f} {unit}"
 
 
 def sync_function(sync) -> Callable[[], object] | None:
@@ -80,48 +68,18 @@ def sync_function(sync) -> Callable[[], object] | None:
             ``torch.cuda.is_available()`` is False, or a GPU index this machine lacks.
         TypeError: anything else.
     """
-    if sync is None:
-        return None
-    if callable(sync):
+    if sync is None or callable(sync):
         return sync
-    kind = getattr(sync, "type", None)
-    if kind is None and not isinstance(sync, str):
-        raise TypeError("sync must be None, a function without arguments, or a device such "
-                        f"as 'cuda' or torch.device('cuda:0'), got {sync!r}")
-    text = str(sync)
-    if kind is None:  # a string: "cuda" or "cuda:1"
-        kind, colon, rest = text.partition(":")
-        index = rest if colon else None
-    else:  # a torch.device
-        index = None if sync.index is None else str(sync.index)
-    if kind == "cpu":
-        return None
-    if kind == "cuda":
-        return _cuda_sync(text, index)
-    if kind == "mps":
+    device = device_arg(sync, "sync")
+    if device.type == "cuda":
+        import torch
+
+        return lambda: torch.cuda.synchronize(device)
+    if device.type == "mps":
         import torch
 
         return torch.mps.synchronize
-    raise ValueError(f"sync: unknown device {text!r}; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
-
-
-def _cuda_sync(text: str, index: str | None):
-    """``index``: the text after "cuda:" (None for plain "cuda")."""
-    if index is not None and not (index.isascii() and index.isdecimal()):
-        raise ValueError(f"sync: malformed CUDA device {text!r}; use 'cuda' or 'cuda:N' "
-                         "with N a GPU index such as 0")
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ValueError(f"sync={text!r} but this machine has no CUDA GPU that torch can use "
-                         "(torch.cuda.is_available() is False); pass sync=device with "
-                         "device = helpers.pick_device()")
-    n = None if index is None else int(index)
-    if n is not None and n >= torch.cuda.device_count():
-        raise ValueError(f"sync={text!r} but torch sees {torch.cuda.device_count()} CUDA "
-                         f"device(s), numbered from 0")
-    device = torch.device("cuda" if n is None else f"cuda:{n}")
-    return lambda: torch.cuda.synchronize(device)
+    return None  # the CPU (or the meta device) has nothing to wait for
 
 
 @dataclass(frozen=True, repr=False)
@@ -140,6 +98,11 @@ class TimeComparison(ShownAsTable):
     number: int
     unit: str = "ms"
 
+    def __post_init__(self):
+        for n in self.names:
+            if not self.samples.get(n):
+                raise ValueError(f"samples[{n!r}] must hold at least one time")
+
     @property
     def best_seconds(self) -> dict[str, float]:
         return {n: min(self.samples[n]) for n in self.names}
@@ -151,6 +114,8 @@ class TimeComparison(ShownAsTable):
             if n not in self.samples:
                 raise KeyError(f"no workload named {n!r}; measured: {', '.join(self.names)}")
         best = self.best_seconds
+        if best[name] == 0:  # too fast for the clock: infinitely faster, or as fast
+            return math.inf if best[over] > 0 else 1.0
         return best[over] / best[name]
 
     def table(self) -> Table:
@@ -203,22 +168,19 @@ def compare_times(workloads: Mapping[str, Callable[[], object]], *, rounds: int 
         raise TypeError("workloads must be a non-empty dict of {name: function}, got "
                         f"{type(workloads).__name__}")
     for name, fn in workloads.items():
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"workload names must be non-empty strings, got {name!r}")
+        text(name, "a workload name", longest=200)
         if not callable(fn):
             raise TypeError(f"workload {name!r} must be a function without arguments, got "
                             f"{type(fn).__name__}")
-    rounds = _count(rounds, "rounds", 1)
-    number = _count(number, "number", 1)
-    warmup = _count(warmup, "warmup", 0)
+    rounds = positive_int(rounds, "rounds", 10**6)
+    number = positive_int(number, "number", 10**9)
+    warmup = whole_number(warmup, "warmup", 0, 10**9)
     names = tuple(workloads)
     if baseline is None:
         baseline = names[0]
-    elif baseline not in workloads:
-        raise ValueError(f"baseline {baseline!r} is not one of the workloads: "
-                         f"{', '.join(names)}")
-    if unit not in UNITS:
-        raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
+    else:
+        choice(baseline, "baseline", names)
+    choice(unit, "unit", UNITS)
     wait = sync_function(sync)
     for fn in workloads.values():
         for _ in range(warmup):

@@ -12,6 +12,7 @@ import types
 
 import pytest
 
+import helpers.tf.runtime  # noqa: F401  installs the TensorFlow side of setup()/device_report()
 from helpers.core.fake_nvml import FakeGpu, FakeNvml
 from helpers.memory.cuda_standin import SimulatedCuda
 

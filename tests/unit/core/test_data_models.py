@@ -26,10 +26,13 @@ def test_image_data_layouts():
 @pytest.mark.parametrize(
     "kwargs, match",
     [({"n_samples": 0}, "n_samples"), ({"n_classes": 1}, "n_classes"),
-     ({"seed": -1}, "seed"), ({"noise": -1.0}, "noise"), ({"n_features": 2.5}, "n_features")],
+     ({"seed": -1}, "seed"), ({"noise": -1.0}, "noise"), ({"noise": float("nan")}, "noise"),
+     ({"n_features": 2.5}, "n_features"), ({"n_samples": 10**9}, "more than")],
 )
 def test_bad_data_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    """A float count is a TypeError (the rule in helpers/core/checks.py), the rest ValueError."""
+    error = TypeError if kwargs == {"n_features": 2.5} else ValueError
+    with pytest.raises(error, match=match):
         classification_data(**kwargs)
 
 

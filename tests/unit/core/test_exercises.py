@@ -44,10 +44,17 @@ def test_unwritten_stub_functions_are_named():
     )
 
 
-@pytest.mark.parametrize("bad", ["1-demo", "01_demo", "01-Demo", "", None, "01-"])
+@pytest.mark.parametrize("bad", ["1-demo", "01_demo", "01-Demo", "01-", "01-demo\n"])
 def test_bad_ids_are_rejected(bad):
     with pytest.raises(ValueError, match="exercise_id must look like"):
         check(bad, lambda: None)
+
+
+def test_an_empty_or_non_string_id_is_rejected():
+    with pytest.raises(ValueError, match="exercise_id must not be empty"):
+        check("", lambda: None)
+    with pytest.raises(TypeError, match="exercise_id must be a string"):
+        check(None, lambda: None)
 
 
 def test_non_callable_tests_are_rejected():

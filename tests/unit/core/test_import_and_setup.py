@@ -163,5 +163,6 @@ def test_pick_device_falls_back_when_kind_missing():
 
 @pytest.mark.parametrize("prefer", ["gpu", "CUDA", 0, None])
 def test_pick_device_rejects_unknown_kinds(prefer):
-    with pytest.raises(ValueError, match="auto, cuda, mps, cpu"):
+    error = ValueError if isinstance(prefer, str) else TypeError
+    with pytest.raises(error, match=r"prefer must be one of \['auto', 'cuda', 'mps', 'cpu'\]"):
         pick_device(prefer)

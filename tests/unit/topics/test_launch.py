@@ -35,7 +35,8 @@ def test_plan_asks_torch_by_default():
 @pytest.mark.parametrize("kwargs", [{"n_gpus": -1}, {"n_gpus": 1.5}, {"n_gpus": True},
                                     {"n_gpus": 0, "cpu_processes": 0}])
 def test_plan_rejects_bad_input(kwargs):
-    with pytest.raises(ValueError, match="n_gpus|cpu_processes"):
+    error = TypeError if kwargs.get("n_gpus") in (1.5, True) else ValueError
+    with pytest.raises(error, match="n_gpus|cpu_processes"):
         ddp_plan(**kwargs)
 
 
@@ -71,7 +72,8 @@ def test_multi_node_command_uses_c10d_rendezvous():
 )
 def test_command_rejects_bad_input(kwargs, match):
     args = {"script": "train.py", "nproc_per_node": 2, **kwargs}
-    with pytest.raises(ValueError, match=match):
+    wrong_kind = kwargs.get("script") == 3 or kwargs.get("nproc_per_node") == "2"
+    with pytest.raises(TypeError if wrong_kind else ValueError, match=match):
         torchrun_command(args.pop("script"), **args)
 
 
@@ -167,17 +169,19 @@ def test_tf_config():
 @pytest.mark.parametrize(
     ("workers", "index", "match"),
     [
-        ([], 0, "non-empty"),
-        ("node001:23456", 0, "non-empty"),
+        ([], 0, "must not be empty"),
+        ("node001:23456", 0, "list of 'host:port'"),
         (["node001"], 0, "host:port|node001:23456"),
         (["a:1", "a:1"], 0, "distinct"),
+        (["a:1", "A:1"], 0, "distinct"),
         (["a:1", "b:2"], 2, "index"),
         (["a:1"], -1, "index"),
         (["a:1"], True, "index"),
     ],
 )
 def test_tf_config_rejects_bad_input(workers, index, match):
-    with pytest.raises(ValueError, match=match):
+    wrong_kind = isinstance(workers, str) or index is True
+    with pytest.raises(TypeError if wrong_kind else ValueError, match=match):
         tf_config(workers, index)
     with pytest.raises(ValueError, match="task_type"):
         tf_config(["a:1"], 0, task_type="chief")
