@@ -572,10 +572,11 @@ class LivePlot(LiveView):
             gauge_busy = self.gauge.busy_seconds - self._gauge_busy0
         plot_busy = self._busy - self._gauge_in_step
         span = seconds if seconds > 0 else math.inf
-        label = self.gauge.reading.label if self.gauge is not None else None
+        reading = self.gauge.reading if self.gauge is not None else None
+        label = reading.label if reading is not None and reading.total_bytes else None
         # RAM: the machine's "used" includes other users; this process is what matters
         column, what = ("part", "this process") if label == "RAM" else ("used", "used")
-        peak = totals[column] if totals[column] >= 0 else None
+        peak = totals[column] if label and totals[column] >= 0 else None
         return LivePlotSummary(
             steps=n,
             first_loss=totals["first"],
@@ -584,7 +585,7 @@ class LivePlot(LiveView):
             samples_per_second=rate,
             peak_memory_bytes=peak,
             memory_label=f"{label}, {what}" if label else None,
-            memory_total_bytes=self.gauge.reading.total_bytes if label else None,
+            memory_total_bytes=reading.total_bytes if label else None,
             overhead_share=(plot_busy + gauge_busy) / span,
             plot_share=plot_busy / span,
             gauge_share=gauge_busy / span,
