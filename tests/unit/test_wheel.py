@@ -20,8 +20,6 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
@@ -61,7 +59,6 @@ def _copy_sources(dest: Path) -> None:
     shutil.copytree(ROOT / "helpers", dest / "helpers", ignore=ignore)
 
 
-@pytest.mark.slow
 def test_wheel_installs_and_imports_every_public_name(tmp_path):
     src, wheels, venv, work = (tmp_path / d for d in ("src", "wheels", "venv", "work"))
     for d in (src, work):
