@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 
+
 __version__ = "0.1.0"
 
 # public name -> module that defines it
@@ -77,7 +78,7 @@ _EXPORTS = {
     # results recorded on a real GPU by tests/gpu/ scripts, shown labelled on CPU machines
     "recorded_gpu_results": "core.recorded",
     "RecordedGpuResults": "core.recorded",
-    # memory (issue 3): exact accounting, virtual GPU, full-scale mode
+    # memory (lessons 04-08): exact accounting, virtual GPU, full-scale mode
     "ResNet": "models",
     "TransformerBlock": "models",
     "VirtualGPU": "memory.virtual",
@@ -90,7 +91,7 @@ _EXPORTS = {
     "parse_capacity": "memory.capacity",
     "KNOWN_GPUS": "memory.capacity",
     "measure_keras_step": "tf.keras",
-    # mixed precision (issue 7)
+    # mixed precision (lesson 07)
     "amp_settings": "amp",
     "AmpSettings": "amp",
     "trace_dtypes": "amp",
@@ -100,7 +101,7 @@ _EXPORTS = {
     "keras_mixed_policy": "tf.policies",
     "keras_policy": "tf.policies",
     "onednn_setting": "tf.policies",
-    # batch size (issue 6): the finder
+    # batch size (lesson 05): the finder
     "find_batch_size": "batch_size",
     "BatchSizeResult": "batch_size",
     "BatchSizeError": "batch_size",
@@ -135,6 +136,10 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 def __getattr__(name: str):
     if name in _EXPORTS:
+        if _EXPORTS[name] in ("core.environment", "core.device"):
+            # the TensorFlow side of setup() and device_report() installs itself on import
+            # (helpers.tf.runtime imports TensorFlow only when it is used)
+            importlib.import_module(".tf.runtime", __name__)
         module = importlib.import_module(f".{_EXPORTS[name]}", __name__)
         value = getattr(module, name)
         globals()[name] = value

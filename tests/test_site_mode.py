@@ -171,7 +171,9 @@ def test_site_env_over_this_venv_runs_a_notebook_without_tensorflow(tmp_path):
 
 
 def test_plain_system_site_packages_would_not_see_the_parent(tmp_path):
-    """The reason for the .pth file (FACTS.md): without it torch is not found."""
+    """The reason for the .pth file: a venv made with --system-site-packages from a Python that
+    is itself a venv sees the base interpreter's packages, not the parent venv's, so without
+    the .pth torch is not found."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
                     str(tmp_path / "plain")], check=True)
     done = subprocess.run([str(tmp_path / "plain" / "bin" / "python"), "-c", "import torch"],
