@@ -37,8 +37,7 @@ def live(plot: LivePlot) -> LivePlot:
     """Render frames as in a notebook (into an ipywidgets.HTML), though no front end listens."""
     import ipywidgets
 
-    plot._live = True
-    plot._frame_widget = ipywidgets.HTML()
+    plot._widget = ipywidgets.HTML()  # the live view's in-place frame
     if plot.gauge is not None and plot.gauge._widget is None:
         plot.gauge._widget = ipywidgets.HTML()
     return plot
@@ -53,7 +52,7 @@ def update_cost(history: int, repeats: int = 200) -> list[float]:
         t0 = time.perf_counter()
         for _ in range(10):
             plot.step(loss=0.5, samples=32)
-        plot._draw()
+        plot._tick()
         times.append(time.perf_counter() - t0)
     return times
 
