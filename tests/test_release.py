@@ -36,7 +36,11 @@ def test_learner_bundle_contains_no_solution_code(bundles):
     readme = next(t for n, t in texts.items() if n.endswith("/README.md"))
     assert "docs/instructor-notes.md" not in readme and "## For authors" in readme
     assert any(n.endswith("lessons/00_setup.ipynb") for n in names)
-    assert any(n.endswith("helpers/__init__.py") for n in names)
+    # every tracked module of every layer folder (helpers/core, memory, tf, ...) is shipped
+    shipped = {n.split("/", 1)[1] for n in names}
+    tracked = {str(p.relative_to(ROOT)) for p in build._tracked_files(["helpers"])}
+    assert any(t.startswith("helpers/memory/") for t in tracked)
+    assert not tracked - shipped, f"missing from the bundle: {sorted(tracked - shipped)}"
     checked = 0
     for path in sorted(build.SOLUTIONS.glob("[0-9][0-9]_*.ipynb")):
         nb = nbformat.read(str(path), 4)
