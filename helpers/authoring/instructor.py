@@ -14,10 +14,12 @@ or point ``GPU_LESSONS_SOLUTIONS`` at a folder holding the solution notebooks.
 from __future__ import annotations
 
 import difflib
+import html
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.checks import flag, text
 from ..core.runtime import MODE
 
 __all__ = ["reveal", "Revealed", "solutions_dir"]
@@ -49,12 +51,15 @@ class Revealed:
     inserted: bool
 
     def _repr_html_(self) -> str:
-        from IPython.display import Code
-
         where = "inserted as a new cell below" if self.inserted else "copy it into a cell"
         header = (f"<p><b>Solution of {self.exercise_id}</b> (from {self.notebook}; "
                   f"{where}):</p>")
-        return header + Code(self.code, language="python")._repr_html_()
+        try:  # highlighted as JupyterLab highlights code; plain without IPython/pygments
+            from IPython.display import Code
+
+            return header + Code(self.code, language="python")._repr_html_()
+        except ImportError:
+            return header + f"<pre>{html.escape(self.code)}</pre>"
 
     def __repr__(self) -> str:
         return f"# Solution of {self.exercise_id} (from {self.notebook})\n{self.code}"
@@ -74,13 +79,12 @@ def reveal(exercise_id: str, *, insert: bool = True):
     from ..core.exercises import EXERCISE_ID
     from .build import all_exercises
 
-    if not isinstance(exercise_id, str) or not EXERCISE_ID.match(exercise_id):
+    if not EXERCISE_ID.match(text(exercise_id, "exercise_id", longest=200)):
         raise ValueError(
             f"exercise_id must look like '01-device-agnostic', got {exercise_id!r}; "
             "the id is printed by each challenge's check cell"
         )
-    if not isinstance(insert, bool):
-        raise TypeError(f"insert must be True or False, got {insert!r}")
+    flag(insert, "insert")
     folder = solutions_dir()
     if folder is None:
         return _Message(NOT_RELEASED)

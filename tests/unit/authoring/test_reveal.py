@@ -61,3 +61,22 @@ def test_unknown_and_malformed_ids(monkeypatch):
         reveal("device agnostic")
     with pytest.raises(TypeError, match="insert"):
         reveal(EXERCISES[0].id, insert="yes")
+
+
+@pytest.mark.parametrize("bad, error", [(None, TypeError), (1, TypeError), (b"01-x", TypeError),
+                                        ("", ValueError), ("01-x" * 100, ValueError)])
+def test_exercise_id_errors_follow_the_checks_rule(bad, error):
+    """A non-string id is a TypeError, a string that is no id a ValueError (core/checks.py)."""
+    with pytest.raises(error, match="exercise_id"):
+        reveal(bad)
+
+
+def test_html_without_ipython_is_plain_code(monkeypatch):
+    """Fuzz R2 'no front end at all: IPython missing': _repr_html_ raised ModuleNotFoundError."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "IPython", None)
+    monkeypatch.setitem(sys.modules, "IPython.display", None)
+    shown = Revealed("01-demo", "01_demo.ipynb", "x = 1 < 2", inserted=False)
+    html = shown._repr_html_()
+    assert html.endswith("<pre>x = 1 &lt; 2</pre>") and "Solution of 01-demo" in html
