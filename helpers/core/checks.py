@@ -17,7 +17,7 @@ import numbers
 from collections.abc import Iterable
 
 __all__ = ["whole_number", "positive_int", "real_number", "choice", "flag", "text",
-           "device_arg", "LARGEST"]
+           "device_arg", "shown", "LARGEST"]
 
 # the largest count or size any helper accepts: far above any real batch, step count or byte
 # count (2**62 bytes is 4 EiB), far below what overflows a C long or a float's exact integers
@@ -29,11 +29,11 @@ def whole_number(value, name: str, minimum: int = 0, maximum: int = LARGEST) -> 
     ValueError outside ``minimum``..``maximum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be a whole number, got {type(value).__name__}: "
-                        f"{_short(value)}")
+                        f"{shown(value)}")
     if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {_short(value)}")
+        raise ValueError(f"{name} must be at least {minimum}, got {shown(value)}")
     if value > maximum:
-        raise ValueError(f"{name} must be at most {maximum}, got {_short(value)}")
+        raise ValueError(f"{name} must be at most {maximum}, got {shown(value)}")
     return int(value)
 
 
@@ -49,21 +49,21 @@ def real_number(value, name: str, minimum: float | None = None, maximum: float |
     number beyond a float's range into an infinity), below ``minimum`` (or equal to it with
     ``above=True``) or above ``maximum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}: {_short(value)}")
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}: {shown(value)}")
     try:
         number = float(value)
     except OverflowError:  # an integer or Fraction beyond a float's range
         if finite:
-            raise ValueError(f"{name} is too large: {_short(value)}") from None
+            raise ValueError(f"{name} is too large: {shown(value)}") from None
         number = math.inf if value > 0 else -math.inf
     if math.isnan(number) or (finite and math.isinf(number)):
         word = "finite number" if finite else "number, not NaN"
-        raise ValueError(f"{name} must be a {word}, got {_short(value)}")
+        raise ValueError(f"{name} must be a {word}, got {shown(value)}")
     if minimum is not None and (number < minimum or (above and number == minimum)):
         word = "greater than" if above else "at least"
-        raise ValueError(f"{name} must be {word} {minimum}, got {_short(value)}")
+        raise ValueError(f"{name} must be {word} {minimum}, got {shown(value)}")
     if maximum is not None and number > maximum:
-        raise ValueError(f"{name} must be at most {maximum}, got {_short(value)}")
+        raise ValueError(f"{name} must be at most {maximum}, got {shown(value)}")
     return number
 
 
@@ -73,9 +73,9 @@ def choice(value, name: str, options: Iterable[str]) -> str:
     options = list(options)
     if not isinstance(value, str):
         raise TypeError(f"{name} must be one of {options}, got {type(value).__name__}: "
-                        f"{_short(value)}")
+                        f"{shown(value)}")
     if value not in options:
-        raise ValueError(f"{name} must be one of {options}, got {_short(value)}")
+        raise ValueError(f"{name} must be one of {options}, got {shown(value)}")
     return value
 
 
@@ -83,7 +83,7 @@ def flag(value, name: str) -> bool:
     """``value`` if it is ``True`` or ``False`` (NumPy bools too), else TypeError."""
     if type(value).__name__ not in ("bool", "bool_"):
         raise TypeError(f"{name} must be True or False, got {type(value).__name__}: "
-                        f"{_short(value)}")
+                        f"{shown(value)}")
     return bool(value)
 
 
@@ -91,7 +91,7 @@ def text(value, name: str, *, empty: bool = False, longest: int = 10_000) -> str
     """``value`` if it is a ``str`` (TypeError otherwise), not empty unless ``empty=True`` and
     at most ``longest`` characters (ValueError)."""
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be a string, got {type(value).__name__}: {_short(value)}")
+        raise TypeError(f"{name} must be a string, got {type(value).__name__}: {shown(value)}")
     if not empty and not value.strip():
         raise ValueError(f"{name} must not be empty")
     if len(value) > longest:
@@ -108,30 +108,30 @@ def device_arg(value, name: str):
 
     if not isinstance(value, (str, torch.device)):
         raise TypeError(f"{name} must be a device such as 'cpu' or 'cuda:0', got "
-                        f"{type(value).__name__}: {_short(value)}")
+                        f"{type(value).__name__}: {shown(value)}")
     try:
         device = torch.device(value)
     except (RuntimeError, ValueError):
-        raise ValueError(f"{name} is not a device name: {_short(value)} (examples: 'cpu', "
+        raise ValueError(f"{name} is not a device name: {shown(value)} (examples: 'cpu', "
                          f"'cuda', 'cuda:1', 'mps')") from None
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise ValueError(f"{name} is {_short(value)}, but this machine has no usable CUDA "
+            raise ValueError(f"{name} is {shown(value)}, but this machine has no usable CUDA "
                              f"GPU (torch.cuda.is_available() is False)")
         if device.index is not None and device.index >= count:
-            raise ValueError(f"{name} is {_short(value)}, but this machine has {count} CUDA "
+            raise ValueError(f"{name} is {shown(value)}, but this machine has {count} CUDA "
                              f"GPU(s): indices 0..{count - 1}")
     elif device.type == "mps":
         if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-            raise ValueError(f"{name} is {_short(value)}, but MPS is not available here")
+            raise ValueError(f"{name} is {shown(value)}, but MPS is not available here")
     elif device.type not in ("cpu", "meta"):
-        raise ValueError(f"{name} is {_short(value)}: the lessons run on 'cpu', 'cuda' or "
+        raise ValueError(f"{name} is {shown(value)}: the lessons run on 'cpu', 'cuda' or "
                          f"'mps'")
     return device
 
 
-def _short(value, limit: int = 80) -> str:
+def shown(value, limit: int = 80) -> str:
     """``repr(value)``, cut to ``limit`` characters (a 100,000-character string or a 5,000-digit
     integer must not fill the error message; Python refuses to print the latter at all)."""
     try:
@@ -141,3 +141,6 @@ def _short(value, limit: int = 80) -> str:
     except Exception:  # noqa: BLE001 -- a broken __repr__ must not hide the real error
         shown = f"<{type(value).__name__}>"
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
+_short = shown  # the earlier private name

@@ -10,10 +10,11 @@
         helpers.core.nvml.nvml_status()                  # (False, "NVML could not start (...)")
 
 Inside the block ``import pynvml`` returns the fake module, and :mod:`helpers.core.nvml` starts
-afresh (its cached initialisation, and the gauge's caches, are reset on entry and restored
-on exit). It implements the pynvml functions the kit calls, with nvidia-ml-py 13's
-signatures and return types (names as ``str``; memory info v1 and v2 structs; process
-objects with ``pid`` and ``usedGpuMemory``; ``NVMLError`` subclasses chosen by error code),
+afresh (its cached initialisation is reset on entry and restored on exit; the gauge's
+caches are emptied on entry and exit, to be recomputed on the next reading). It implements
+the pynvml functions the kit calls, with nvidia-ml-py 13's signatures and return types (names
+as ``str``; memory info v1 and v2 structs; process objects with ``pid`` and
+``usedGpuMemory``; ``NVMLError`` subclasses chosen by error code),
 and these failures (``fail=`` one name or several):
 
 * ``"library_not_found"``: ``nvmlInit`` raises ``NVMLError_LibraryNotFound`` (no driver);
@@ -392,12 +393,7 @@ class FakeNvml(types.ModuleType):
             if isinstance(getattr(nvml, "pynvml", None), types.ModuleType):
                 self._saved["attr"] = nvml.pynvml  # a module-level `import pynvml`
                 nvml.pynvml = self
-        gauge = sys.modules.get("helpers.watch.gauge")
-        for name in ("_torch_index", "_proc_cache"):
-            cache = getattr(gauge, name, None) if gauge is not None else None
-            if isinstance(cache, dict):
-                self._saved[f"helpers.watch.gauge|{name}"] = dict(cache)
-                cache.clear()
+        _reset_gauge_caches()
         return self
 
     def __exit__(self, *exc) -> bool:
@@ -415,9 +411,17 @@ class FakeNvml(types.ModuleType):
             if isinstance(target, dict):
                 target.clear()
                 target.update(value)
+        _reset_gauge_caches()
         return False
 
     def __repr__(self) -> str:
         names = ", ".join(g.name for g in self.gpus) or "no GPUs"
         fails = f", fail={sorted(self.failures)}" if self.failures else ""
         return f"<fake pynvml: {names}, driver {self.driver}{fails}>"
+
+
+def _reset_gauge_caches() -> None:
+    """Empty the gauge's GPU caches if the gauge is loaded (core never imports it)."""
+    gauge = sys.modules.get("helpers.watch.gauge")
+    if gauge is not None and hasattr(gauge, "reset_caches"):
+        gauge.reset_caches()

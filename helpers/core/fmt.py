@@ -104,7 +104,7 @@ def _sig(value: float, digits: int) -> int:
 def fmt_rate(per_second, unit: str = "samples/s") -> str:
     """A *measured* throughput with a tilde: ``'~1,234 samples/s'``."""
     r = real_number(per_second, "per_second", 0, finite=False)
-    unit = text(unit, "unit", longest=100)
+    unit = text(unit, "unit", empty=True, longest=100)  # "" when a column header says it
     if r >= 100:
         return f"~{_fixed(r, 0, ',')} {unit}"
     return f"~{r:.{_sig(r, 3)}f} {unit}"

@@ -1,4 +1,4 @@
-"""GPU timings read the clock only after the GPU has finished (issue 14, review finding 8).
+"""GPU timings read the clock only after the GPU has finished.
 
 CUDA kernels run asynchronously: a clock read right after launching work measures how fast
 Python queued it, not how long the GPU took. Every timing helper therefore goes through one
