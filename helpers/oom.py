@@ -26,20 +26,20 @@ effective batch (samples per optimizer step), so a fix that silently changes tra
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import re
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from .batch_size import is_oom_error
-from .core.checks import positive_int
-from .core.fmt import Table, fmt_bytes
+from .core.checks import LARGEST, device_arg, positive_int, text, whole_number
+from .core.fmt import ShownAsTable, Table, fmt_bytes
 from .memory.capacity import parse_capacity, resolve_capacity
+from .memory.errors import is_oom_error, release_after_error
+from .memory.sources import CudaSource
+from .memory.virtual import is_fake_value_error
 from .models import ResNet
 
 __all__ = [
@@ -91,14 +91,13 @@ class SyntheticImages(torch.utils.data.Dataset):
         self.size = positive_int(size, "size")
         self.n_classes = positive_int(n_classes, "n_classes")
         self.channels = positive_int(channels, "channels")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {seed!r}")
-        self.seed = seed
+        self.seed = whole_number(seed, "seed", -LARGEST)
 
     def __len__(self) -> int:
         return self.n_samples
 
     def __getitem__(self, index: int):
+        index = whole_number(index, "index", -LARGEST)  # a float: TypeError
         if not -self.n_samples <= index < self.n_samples:
             raise IndexError(f"index {index} is out of range for {self.n_samples} samples")
         index %= self.n_samples
@@ -173,8 +172,6 @@ def _run_steps(make_step, net, opt, *, batch_size: int, image_size: int, n_class
                device, min_updates: int, max_calls: int, read_losses: bool) -> _Run:
     """Call the learner's step on fresh batches until the optimizer has stepped
     ``min_updates`` times (or ``max_calls`` calls); count what it did."""
-    from torch._subclasses.fake_tensor import DataDependentOutputException
-
     run = _Run()
 
     def count_update(*_):
@@ -198,16 +195,17 @@ def _run_steps(make_step, net, opt, *, batch_size: int, image_size: int, n_class
             labels = torch.randint(0, n_classes, (batch_size,), device=device)
             try:
                 loss = step(data, labels)
-            except DataDependentOutputException as exc:
-                raise RuntimeError(_FAKE_VALUE_HINT) from exc
+            except Exception as exc:
+                if is_fake_value_error(exc):
+                    raise RuntimeError(_FAKE_VALUE_HINT) from exc
+                raise
             if loss is None:
                 raise TypeError("step(data, labels) must return the loss (a tensor or a "
                                 "number); it returned None")
             run.calls += 1
             run.samples += batch_size
             if read_losses:
-                run.losses.append(float(loss.detach().float()) if isinstance(loss, torch.Tensor)
-                                  else float(loss))
+                run.losses.append(_loss_value(loss))
             del loss, data, labels
     finally:
         for h in handles:
@@ -219,6 +217,17 @@ def _run_steps(make_step, net, opt, *, batch_size: int, image_size: int, n_class
             f"{max_calls // max(min_updates, 1)} calls"
         )
     return run
+
+
+def _loss_value(loss) -> float:
+    """The loss as a float (inf for a number beyond float's range: not finite either)."""
+    try:
+        return float(loss.detach().float()) if isinstance(loss, torch.Tensor) else float(loss)
+    except OverflowError:
+        return math.inf
+    except (TypeError, ValueError):
+        raise TypeError(f"step(data, labels) must return the loss (a tensor or a number); "
+                        f"it returned {type(loss).__name__}") from None
 
 
 def _build(model_factory, opt_factory, device, **kwargs):
@@ -263,8 +272,8 @@ def _short_oom(message: str) -> str:
 
 
 # --------------------------------------------------------------------------- result
-@dataclass(frozen=True)
-class TrainingCheck:
+@dataclass(frozen=True, repr=False)
+class TrainingCheck(ShownAsTable):
     """What :func:`check_training` found. ``passed``: fits and the loss stayed finite.
 
     ``peak_bytes`` is the full-scale peak the card would show (CUDA context + memory the
@@ -326,10 +335,7 @@ class TrainingCheck:
                 f"{self.effective_batch} per optimizer step. Small scale "
                 f"({self.small_scale}): {self.loss_text()}.")
 
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_html_(self) -> str:
+    def _html(self) -> str:
         import html
 
         colour = "#2a7d2a" if self.passed else "#b22222"
@@ -373,7 +379,7 @@ def check_training(make_step: Callable, *, batch_size: int = 256, model=None, op
     """
     _check_make_step(make_step)
     batch_size = positive_int(batch_size, "batch_size")
-    small_steps = positive_int(small_steps, "small_steps")
+    small_steps = positive_int(small_steps, "small_steps", maximum=1000)
     model_factory = _factory(model, "model", LargeResNet)
     opt_factory = _factory(optimizer, "optimizer", torch.optim.Adam)
     card, capacity = resolve_capacity(gpu)
@@ -385,13 +391,9 @@ def check_training(make_step: Callable, *, batch_size: int = 256, model=None, op
         from .core.environment import pick_device
 
         device = pick_device()
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device {device!r} is not a torch device") from None
-    label = name if name is not None else getattr(make_step, "__name__", "training step")
-    if not isinstance(label, str):
-        raise TypeError(f"name must be a string, got {label!r}")
+    device = device_arg(device, "device")  # "cuda" without CUDA: ValueError (fuzz case 9)
+    label = text(name, "name") if name is not None else getattr(make_step, "__name__",
+                                                                  "training step")
 
     kwargs = dict(batch_size=batch_size, model_factory=model_factory, opt_factory=opt_factory)
     full = None
@@ -441,7 +443,7 @@ def _full_scale_virtual(make_step, *, batch_size, model_factory, opt_factory, ca
         return dict(source=source, fits=True, oom=None, needed_bytes=None,
                     peak_bytes=gpu.context_bytes + gpu.peak_reserved_bytes,
                     **_counts(run))
-    gc.collect()
+    release_after_error(None)
     try:
         big, run = attempt(max(parse_capacity(_UNLIMITED), 2 * capacity))
         needed = big.context_bytes + big.peak_reserved_bytes
@@ -453,67 +455,65 @@ def _full_scale_virtual(make_step, *, batch_size, model_factory, opt_factory, ca
 
 
 @contextlib.contextmanager
-def _capped(device, fraction: float):
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
+def _capped(source: CudaSource, fraction: float):
+    torch.cuda.set_per_process_memory_fraction(fraction, source.device)
     try:
         yield
     finally:
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        release_after_error(None, source.empty_cache)
+        torch.cuda.set_per_process_memory_fraction(1.0, source.device)
 
 
 def _full_scale_cuda(make_step, *, device, batch_size, model_factory, opt_factory, capacity,
                      card) -> dict | None:
     """The real model on the real GPU, its allocator capped to the card's memory."""
-    gc.collect()
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info(device)
-    outside = total - free - torch.cuda.memory_reserved(device)  # context, other processes
+    source = CudaSource(device)
+    release_after_error(None, source.empty_cache)
+    total = source.free_and_total()[1]
+    outside = source.outside()  # the CUDA context, other processes
     budget = capacity - outside
     if budget <= 0:
         return None
 
     def attempt(fraction):
-        torch.cuda.reset_peak_memory_stats(device)
-        with _capped(device, fraction):
+        source.reset()
+        with _capped(source, fraction):
             net, opt = _build(model_factory, opt_factory, device)
             run = _run_steps(make_step, net, opt, batch_size=batch_size, image_size=224,
                              n_classes=1000, device=device, min_updates=2, max_calls=64,
                              read_losses=True)
             del net, opt
-        return run, outside + torch.cuda.max_memory_reserved(device)
+        return run, outside + source.peak_reserved()
 
-    source = (f"{torch.cuda.get_device_name(device)}, real allocator capped to the {card}'s "
-              f"{fmt_bytes(capacity)}")
+    label = (f"{torch.cuda.get_device_name(device)}, real allocator capped to the {card}'s "
+             f"{fmt_bytes(capacity)}")
     oom = None
+    failed = None
     try:
         run, peak = attempt(budget / total)
     except Exception as exc:  # cuBLAS/cuDNN allocation failures are not OutOfMemoryError
         if not is_oom_error(exc):
             raise
-        oom = str(exc)
-        traceback.clear_frames(exc.__traceback__)  # they hold the failed run's tensors
+        oom, failed = str(exc), exc
     if oom is None:
-        return dict(source=source, fits=True, oom=None, needed_bytes=None, peak_bytes=peak,
+        return dict(source=label, fits=True, oom=None, needed_bytes=None, peak_bytes=peak,
                     losses=run.losses, **_counts(run))
-    # Outside the except block, the failed run's frames (its model, optimizer state and
-    # activations, held by the traceback) are gone: give their cached blocks back, or the
-    # uncapped run's reserved peak would start above them and inflate what the step needs.
-    gc.collect()
-    torch.cuda.empty_cache()
-    oom_in_uncapped = False
+    # The failed run's frames (its model, optimizer state and activations, held by the
+    # traceback) must go and their cached blocks be given back, or the uncapped run's
+    # reserved peak would start above them and inflate what the step needs.
+    release_after_error(failed, source.empty_cache)
+    failed = None
     try:
         run, needed = attempt(1.0)
     except Exception as exc:
         if not is_oom_error(exc):
             raise
-        oom_in_uncapped = True
-        traceback.clear_frames(exc.__traceback__)
-    if oom_in_uncapped:
-        return dict(source=source, fits=False, oom=oom, needed_bytes=None, peak_bytes=None,
+        failed = exc
+    if failed is not None:
+        release_after_error(failed, source.empty_cache)
+        return dict(source=label, fits=False, oom=oom, needed_bytes=None, peak_bytes=None,
                     micro_batch=batch_size, effective_batch=batch_size, updates=0)
-    return dict(source=source, fits=False, oom=oom, needed_bytes=needed, peak_bytes=None,
+    return dict(source=label, fits=False, oom=oom, needed_bytes=needed, peak_bytes=None,
                 losses=run.losses, **_counts(run))
 
 

@@ -17,12 +17,13 @@ statistics the report says so and shows the analytic breakdown only.
 from __future__ import annotations
 
 import html
-import numbers
 import os
 import sys
 from dataclasses import dataclass, field
 
-from ..core.fmt import Table, fmt_bytes
+from ..core.checks import positive_int
+from ..core.fmt import ShownAsTable, Table, fmt_bytes
+from .memory import tensorflow_source
 
 __all__ = ["measure_keras_step", "KerasMemoryReport", "LayerActivation", "STATS_ENV"]
 
@@ -44,8 +45,8 @@ class LayerActivation:
     n_bytes: int
 
 
-@dataclass
-class KerasMemoryReport:
+@dataclass(repr=False)
+class KerasMemoryReport(ShownAsTable):
     """Memory of a Keras training step: measured peaks and an analytic breakdown.
 
     ``peak_bytes`` is the largest peak TensorFlow's allocator reported during the measured
@@ -128,10 +129,7 @@ class KerasMemoryReport:
         head, foot = self._lines()
         return "\n".join(head + [self.table().text()] + foot)
 
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_html_(self) -> str:
+    def _html(self) -> str:
         head, foot = self._lines()
         esc = "<br>".join
         return (f"<div><p>{esc(html.escape(x) for x in head)}</p>{self.table()._repr_html_()}"
@@ -193,20 +191,12 @@ def _device(device) -> str:
     return device.upper().replace("/DEVICE:", "")
 
 
-def _stats_available(device: str) -> tuple[bool, str]:
-    import tensorflow as tf
-
-    try:
-        tf.config.experimental.get_memory_info(device)
-    except ValueError:
-        if device.startswith("CPU"):
-            why = (f"TensorFlow's CPU allocator keeps no statistics here: set {STATS_ENV}=true "
-                   "before importing TensorFlow (os.environ, or in the shell) to use its BFC "
-                   "allocator, which does; shown: the analytic breakdown only.")
-        else:
-            why = f"TensorFlow keeps no allocator statistics for {device}."
-        return False, why
-    return True, ""
+def _no_stats(device: str) -> str:
+    if device.startswith("CPU"):
+        return (f"TensorFlow's CPU allocator keeps no statistics here: set {STATS_ENV}=true "
+                "before importing TensorFlow (os.environ, or in the shell) to use its BFC "
+                "allocator, which does; shown: the analytic breakdown only.")
+    return f"TensorFlow keeps no allocator statistics for {device}."
 
 
 def measure_keras_step(model, x, y, *, loss=None, optimizer=None, steps: int = 1,
@@ -236,8 +226,7 @@ def measure_keras_step(model, x, y, *, loss=None, optimizer=None, steps: int = 1
 
     if not isinstance(model, tf.keras.Model):
         raise TypeError(f"model must be a tf.keras.Model, got {type(model).__name__}")
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    steps = positive_int(steps, "steps", maximum=10_000)
     loss = loss if loss is not None else getattr(model, "loss", None)
     optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
     if loss is None or isinstance(loss, str):
@@ -261,16 +250,17 @@ def measure_keras_step(model, x, y, *, loss=None, optimizer=None, steps: int = 1
         grads = tape.gradient(value, variables)
         optimizer.apply_gradients(zip(grads, variables, strict=True))
 
-    ok, why = _stats_available(dev)
+    source = tensorflow_source(dev)
+    ok = source.available
     peaks, befores = [], []
     with tf.device(dev):
         for _ in range(steps):
             if ok:
-                tf.config.experimental.reset_memory_stats(dev)
-                befores.append(int(tf.config.experimental.get_memory_info(dev)["current"]))
+                source.reset()
+                befores.append(source.read())
             step()
             if ok:
-                peaks.append(int(tf.config.experimental.get_memory_info(dev)["peak"]))
+                peaks.append(source.peak())
     layers = _layer_activations(model, batch)
     cats = {
         "parameters": sum(_nbytes(v.shape, v.dtype) for v in model.weights),
@@ -288,7 +278,7 @@ def measure_keras_step(model, x, y, *, loss=None, optimizer=None, steps: int = 1
         category_max=cats, layers=layers,
     )
     if not ok:
-        report.notes.append(why)
+        report.notes.append(_no_stats(dev))
     if ok and dev.startswith("CPU") and os.environ.get(STATS_ENV, "").lower() == "true":
         report.notes.append("CPU: measured with TensorFlow's BFC allocator "
                             f"({STATS_ENV}=true), which rounds and pools its blocks.")

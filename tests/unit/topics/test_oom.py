@@ -197,13 +197,14 @@ def test_synthetic_images():
 
 # ------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(batch_size=0), ValueError, "batch_size must be a positive integer"),
-    (dict(batch_size=True), ValueError, "batch_size"),
-    (dict(batch_size="32"), ValueError, "batch_size"),
+    (dict(batch_size=0), ValueError, "batch_size must be at least 1"),
+    (dict(batch_size=True), TypeError, "batch_size"),
+    (dict(batch_size="32"), TypeError, "batch_size"),
     (dict(small_steps=0), ValueError, "small_steps"),
+    (dict(small_steps=10**400), ValueError, "small_steps must be at most"),
     (dict(gpu="L40"), ValueError, "L40S"),
     (dict(gpu="300 MiB"), ValueError, "more memory than the 500 MiB"),
-    (dict(device="gpu0"), ValueError, "not a torch device"),
+    (dict(device="gpu0"), ValueError, "not a device name"),
     (dict(name=3), TypeError, "name must be a string"),
     (dict(model=LargeResNet(width=8)), TypeError, "not an instance"),
     (dict(optimizer=42), TypeError, "optimizer must be a class or a function"),
@@ -299,6 +300,10 @@ class _FakeCuda:
         cuda = torch.cuda
         reserved = lambda *a: self.live + self.cached  # noqa: E731
         monkeypatch.setattr(cuda, "is_available", lambda: True)
+        monkeypatch.setattr(cuda, "device_count", lambda: 1)
+        monkeypatch.setattr(cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(cuda, "synchronize", lambda *a: None)
         monkeypatch.setattr(cuda, "get_device_properties",
                             lambda *a: SimpleNamespace(total_memory=self.total,
                                                        name="NVIDIA H200"))
@@ -383,3 +388,27 @@ def test_on_a_cuda_gpu_an_error_other_than_oom_is_raised(real_gpu):
     real_gpu.error = RuntimeError("cuDNN error: CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH")
     with pytest.raises(RuntimeError, match="SUBLIBRARY_VERSION_MISMATCH"):
         helpers.check_training(plain, batch_size=256, gpu="L40S", device="cuda")
+
+
+# ------------------------------------------------------------------------- fuzz cases
+def test_case_9_cuda_without_cuda_is_a_clear_value_error():
+    """Fuzz case 9: check_training(..., device="cuda") on a machine without CUDA."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match="device is 'cuda', but this machine has no usable"):
+        helpers.check_training(plain, batch_size=4, device="cuda")
+
+
+def test_case_11_synthetic_images_index_and_huge_losses():
+    """Fuzz case 11 (check_training, SyntheticImages): a float index is a TypeError, not
+    torch's manual_seed error; a loss beyond float's range counts as not finite."""
+    import helpers.oom as oom
+
+    with pytest.raises(TypeError, match="index must be a whole number"):
+        SyntheticImages(4)[1.5]
+    with pytest.raises(IndexError):
+        SyntheticImages(4)[4]
+    assert len(list(SyntheticImages(3, size=2))) == 3  # iteration stops at IndexError
+    assert oom._loss_value(10**400) == math.inf
+    with pytest.raises(TypeError, match="must return the loss"):
+        oom._loss_value("low")
