@@ -35,6 +35,9 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/$(if $(filter 1,$(SITE)),.installed-site,.installed-gpu$(GPU))
 NB ?=
+# requirements.txt without torch and TensorFlow, for GPU installs that take them from their own
+# requirements file: $(call without_frameworks,DIR) writes DIR/requirements-nofw.txt
+without_frameworks = grep -v -E '^(torch|tensorflow)' requirements.txt > $(1)/requirements-nofw.txt
 # pytest-xdist workers for the notebook tests (one kernel per notebook file)
 WORKERS ?= 2
 
@@ -64,7 +67,7 @@ ifeq ($(GPU),1)
 	@# constraints exclude the +cpu wheel that pip would otherwise prefer
 	$(PY) scripts/gpu_setup.py prepare requirements-gpu.txt \
 	  --constraints $(VENV)/constraints-gpu.txt
-	grep -v -E '^(torch|tensorflow)' requirements.txt > $(VENV)/requirements-nofw.txt
+	$(call without_frameworks,$(VENV))
 	$(PY) -m pip install --quiet $(PIP_SOURCE) -c $(VENV)/constraints-gpu.txt \
 	  -r requirements-gpu.txt -r $(VENV)/requirements-nofw.txt
 else
@@ -118,7 +121,7 @@ PY_TF := $(VENV_TF)/bin/python
 $(VENV_TF)/.installed: requirements.txt requirements-gpu-tf.txt pyproject.toml
 	@test -x $(PY_TF) || $(PYTHON) -m venv $(VENV_TF)
 	$(if $(WHEELHOUSE),,$(PY_TF) -m pip install --quiet --upgrade pip)
-	grep -v -E '^(torch|tensorflow)' requirements.txt > $(VENV_TF)/requirements-nofw.txt
+	$(call without_frameworks,$(VENV_TF))
 	$(PY_TF) -m pip install --quiet $(PIP_SOURCE) -r requirements-gpu-tf.txt \
 	  -r $(VENV_TF)/requirements-nofw.txt
 	$(PY_TF) -m pip install --quiet --no-deps $(PIP_SOURCE) -e .
@@ -142,7 +145,7 @@ ifeq ($(SITE),1)
 	@echo "wheelhouse-site/ ready: copy the kit to the node, then"
 	@echo "  make gpu-check SITE=1 WHEELHOUSE=wheelhouse-site"
 else ifeq ($(GPU),1)
-	grep -v -E '^(torch|tensorflow)' requirements.txt > $(VENV)/requirements-nofw.txt
+	$(call without_frameworks,$(VENV))
 	$(PY) -m pip download --quiet -d wheelhouse -r requirements-gpu.txt \
 	  -r $(VENV)/requirements-nofw.txt setuptools wheel
 else
