@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from .core.checks import flag, positive_int, real_number, whole_number
-from .core.fmt import Table, fmt_rate, fmt_ratio
+from .core.fmt import ShownAsTable, Table, fmt_rate, fmt_ratio
 from .core.timing import interleaved_rounds, sync_function
-from .watch.base import LiveView
+from .watch.base import LiveView, new_figure, png_bytes
 
 __all__ = [
     "SlowDataset", "StepTimer", "StepTimes", "compare", "Comparison", "RungResult",
@@ -122,8 +122,8 @@ class SlowDataset:
 
 
 # ------------------------------------------------------------------------------ timing
-@dataclass(frozen=True)
-class StepTimes:
+@dataclass(frozen=True, repr=False)
+class StepTimes(ShownAsTable):
     """What a :class:`StepTimer` measured; prints as one line whose only changing parts
     are the measured (``~``) numbers."""
 
@@ -167,9 +167,6 @@ class StepTimes:
         if self.gpu_util_pct is not None:
             parts.append(f"GPU-Util ~{self.gpu_util_pct:.0f}%")
         return ", ".join(parts)
-
-    def __repr__(self) -> str:
-        return self.text()
 
 
 class StepTimer(LiveView):
@@ -333,11 +330,7 @@ class StepTimer(LiveView):
     def figure(self):
         """A matplotlib Figure: data wait and compute per step (ms), stacked, with NVML's
         GPU-Util on a second axis when it was sampled."""
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        fig = Figure(figsize=(7.0, 2.6), dpi=72, facecolor="white")
-        FigureCanvasAgg(fig)
+        fig = new_figure(7.0, 2.6)
         ax = fig.subplots()
         steps = np.arange(len(self.wait_s))
         wait_ms = 1e3 * np.asarray(self.wait_s)
@@ -367,11 +360,7 @@ class StepTimer(LiveView):
         return fig
 
     def png(self) -> bytes:
-        import io
-
-        buf = io.BytesIO()
-        self.figure().savefig(buf, format="png", facecolor="white")
-        return buf.getvalue()
+        return png_bytes(self.figure())
 
 
 # ------------------------------------------------------------------------------ compare
@@ -394,8 +383,8 @@ class RungResult:
         return self.samples / self.seconds if self.ran and self.seconds > 0 else None
 
 
-@dataclass
-class Comparison:
+@dataclass(repr=False)
+class Comparison(ShownAsTable):
     """Workloads measured side by side; ``rows`` in the order given."""
 
     rows: list[RungResult] = field(default_factory=list)
@@ -435,9 +424,6 @@ class Comparison:
                          [r[:4] for r in rows], title=title)
         return Table(["rung", "samples/s", "vs baseline", "vs previous", "note"], rows,
                      title=title)
-
-    def __repr__(self) -> str:
-        return self.table().text()
 
 
 def compare(runs: Mapping[str, Callable[[], int]], *, rounds: int = 2,
@@ -500,8 +486,8 @@ def compare(runs: Mapping[str, Callable[[], int]], *, rounds: int = 2,
 
 
 # ------------------------------------------------------------------------------ recorded
-@dataclass(frozen=True)
-class RecordedResults:
+@dataclass(frozen=True, repr=False)
+class RecordedResults(ShownAsTable):
     """Figures measured on a real GPU by ``tests/gpu/throughput_gpu.py``."""
 
     path: str  # relative to the kit's root
@@ -520,9 +506,6 @@ class RecordedResults:
                  f"CUDA {self.versions.get('cuda', '?')}), not measured in this run")
         return Table(["part", "rung", "samples/s", "vs baseline of the part"], rows,
                      title=title)
-
-    def __repr__(self) -> str:
-        return self.table().text()
 
 
 def throughput_gpu_results(results_dir=None) -> RecordedResults | None:

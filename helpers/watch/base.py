@@ -21,14 +21,15 @@ wedged driver) or views created from several threads at once never pile threads 
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 
 from ..core.checks import real_number
 from ..core.runtime import headless, in_kernel
 
-__all__ = ["LiveView", "polling_threads", "stop_poller", "check_interval",
-           "MIN_POLL_INTERVAL", "MAX_POLL_INTERVAL"]
+__all__ = ["LiveView", "polling_threads", "stop_poller", "check_interval", "new_figure",
+           "png_bytes", "MIN_POLL_INTERVAL", "MAX_POLL_INTERVAL"]
 
 MIN_POLL_INTERVAL = 0.25  # seconds; faster polling only burns the CPU the training needs
 MAX_POLL_INTERVAL = 24 * 3600.0  # a day: anything longer is a typo (and overflows a wait)
@@ -37,6 +38,23 @@ MAX_POLL_INTERVAL = 24 * 3600.0  # a day: anything longer is a typo (and overflo
 def check_interval(value, name: str = "interval") -> float:
     """A polling interval in seconds, from 0.25 s to a day."""
     return real_number(value, name, MIN_POLL_INTERVAL, MAX_POLL_INTERVAL)
+
+
+def new_figure(width: float, height: float):
+    """A matplotlib Figure through its object API (no pyplot state), on its own white
+    background: the closing PNG reads the same on light and dark themes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=72, facecolor="white")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def png_bytes(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", facecolor="white")
+    return buf.getvalue()
 
 
 # -------------------------------------------------------------------------------- pollers

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 from ..core import nvml
 from ..core.checks import whole_number
-from ..core.fmt import GiB, MiB
+from ..core.fmt import GiB, MiB, ShownAsTable
 from ..memory import sources
 from .base import LiveView, check_interval, polling_threads, stop_poller
 
@@ -74,8 +74,8 @@ _FREE = "var(--jp-layout-color2, rgba(128, 128, 128, 0.15))"
 
 
 # --------------------------------------------------------------------------------- readings
-@dataclass(frozen=True)
-class MemoryReading:
+@dataclass(frozen=True, repr=False)
+class MemoryReading(ShownAsTable):
     """One device's memory at one moment, split into bands (bytes).
 
     Attributes:
@@ -129,12 +129,6 @@ class MemoryReading:
         parts += [f"{name} {b / scale:.1f}" for name, b in self.bands]
         line = " ".join(parts)
         return f"{line} | source: {self.source}" if source else line
-
-    def __str__(self) -> str:
-        return self.text()
-
-    def __repr__(self) -> str:
-        return self.text()
 
     def html(self) -> str:
         """A static HTML gauge: stacked bands with labels, legend and source."""
@@ -195,8 +189,7 @@ class MemoryReading:
             f'<div class="gl-gauge-legend">{"".join(legend)}</div>{detail}</div>'
         )
 
-    def _repr_html_(self) -> str:
-        return self.html()
+    _html = html
 
 
 # ------------------------------------------------------------------------------- sources
@@ -249,6 +242,10 @@ def _active_virtual_gpu():
     return source if isinstance(source, sources.VirtualGpuSource) else None
 
 
+def _vgpu_name(source) -> str:
+    return str(getattr(source.gpu, "name", "virtual GPU"))
+
+
 def _read_virtual(source) -> MemoryReading:
     capacity, allocated, reserved, context = (
         whole_number(value, name) for value, name in (
@@ -256,7 +253,7 @@ def _read_virtual(source) -> MemoryReading:
             (source.reserved(), "reserved_bytes"), (source.outside(), "context_bytes")))
     return MemoryReading(
         label="vGPU",
-        source=f"virtual GPU '{source.gpu.name}' (exact accounting on the CPU)",
+        source=f"virtual GPU '{_vgpu_name(source)}' (exact accounting on the CPU)",
         total_bytes=capacity,
         bands=(("tensors", allocated), ("cache", max(0, reserved - allocated)),
                ("other", context)),
@@ -270,13 +267,23 @@ def _read_ram(detail: str = "") -> MemoryReading:
     if not source.available:  # no psutil: say so instead of failing
         return MemoryReading(label="RAM", source=f"no memory reading: {source.why_not}",
                              total_bytes=0, bands=(), detail=detail)
+    rss = source.read()
     return MemoryReading(
         label="RAM",
         source="this process's RSS against system RAM (psutil)",
         total_bytes=source.total,
-        bands=(("process", source.read()), ("other", source.outside())),
+        bands=(("process", rss), ("other", max(0, source.device_used() - rss))),
         detail=detail,
     )
+
+
+def _cuda_started() -> bool:
+    """True when this process already uses CUDA (a gauge never starts a CUDA context)."""
+    torch = sys.modules.get("torch")
+    try:
+        return torch is not None and bool(torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a broken CUDA install: as good as not started
+        return False
 
 
 _torch_index: dict[int, int] = {}
@@ -291,13 +298,9 @@ def _torch_index_for(nvml_index: int) -> int:
     to show before that anyway)."""
     if nvml_index in _torch_index:
         return _torch_index[nvml_index]
-    torch = sys.modules["torch"]
-    try:
-        if not torch.cuda.is_initialized():  # never start a CUDA context from a gauge
-            return -1
-    except Exception:  # noqa: BLE001
+    if not _cuda_started():
         return -1
-    result = -1
+    torch, result = sys.modules["torch"], -1
     try:
         uuids = {g.index: g.uuid for g in nvml.list_gpus()}
         wanted = uuids.get(nvml_index, "")
@@ -317,13 +320,9 @@ def _torch_index_for(nvml_index: int) -> int:
 def _torch_source(torch_index: int):
     """torch.cuda's counters of device ``torch_index``, only if this process already uses
     CUDA (a gauge never starts a CUDA context), else None."""
-    torch = sys.modules.get("torch")
-    if torch is None or torch_index < 0:
-        return None
     try:
-        if not torch.cuda.is_initialized():
-            return None
-        return sources.CudaSource(f"cuda:{torch_index}")
+        return sources.CudaSource(f"cuda:{torch_index}") if (
+            torch_index >= 0 and _cuda_started()) else None
     except Exception:  # noqa: BLE001
         return None
 
@@ -392,12 +391,7 @@ def _foreign_pids(procs) -> bool:
 
     if any(p.pid == os.getpid() for p in procs):
         return False
-    torch = sys.modules.get("torch")
-    try:
-        uses_cuda = torch is not None and torch.cuda.is_initialized()
-    except Exception:  # noqa: BLE001
-        uses_cuda = False
-    return uses_cuda or not any(os.path.exists(f"/proc/{p.pid}") for p in procs)
+    return _cuda_started() or not any(os.path.exists(f"/proc/{p.pid}") for p in procs)
 
 
 def _cuda_reading(index: int, mem: nvml.GpuMemory | None) -> MemoryReading | None:
@@ -437,12 +431,9 @@ def _nvml_memory(index: int) -> nvml.GpuMemory | None:
 
 
 def _read_cuda(index: int | None, fallback_note: bool) -> MemoryReading:
-    if index is None:
-        index = 0
-        torch = sys.modules.get("torch")
+    if index is None:  # the GPU this process uses, else the first
         try:
-            if torch is not None and torch.cuda.is_initialized():
-                index = int(torch.cuda.current_device())
+            index = int(sys.modules["torch"].cuda.current_device()) if _cuda_started() else 0
         except Exception:  # noqa: BLE001
             index = 0
     ok, why = nvml.nvml_status()
@@ -637,7 +628,7 @@ class GpuWatch(LiveView):
         source = _active_virtual_gpu()
         if source is not None:
             try:
-                rows.append(WatchRow(_read_virtual(source), str(source.gpu.name),
+                rows.append(WatchRow(_read_virtual(source), _vgpu_name(source),
                                      "GPU-Util n/a (simulated)"))
             except Exception:  # noqa: BLE001
                 pass

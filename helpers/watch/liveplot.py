@@ -30,7 +30,6 @@ final PNG and returns a deterministic one-line summary.
 from __future__ import annotations
 
 import html as _html
-import io
 import math
 import sys
 import threading
@@ -38,8 +37,8 @@ import time
 from dataclasses import dataclass
 
 from ..core.checks import LARGEST, flag, positive_int, real_number, text, whole_number
-from ..core.fmt import GiB, MiB, fmt_rate
-from .base import LiveView
+from ..core.fmt import GiB, MiB, ShownAsTable, fmt_rate
+from .base import LiveView, new_figure, png_bytes
 
 __all__ = ["LivePlot", "LivePlotSummary"]
 
@@ -124,8 +123,8 @@ class _Series:
         return [xs[i] for i in keep], [self.a[i] / self.b[i] for i in keep]
 
 
-@dataclass(frozen=True)
-class LivePlotSummary:
+@dataclass(frozen=True, repr=False)
+class LivePlotSummary(ShownAsTable):
     """What a training run looked like; prints as one line that tests can compare."""
 
     steps: int
@@ -155,9 +154,6 @@ class LivePlotSummary:
                          f"({self.memory_label})")
         parts.append(f"plot+gauge cost ~{100 * self.overhead_share:.2f}% of training time")
         return ", ".join(parts)
-
-    def __repr__(self) -> str:
-        return self.text()
 
 
 def _item(value) -> float:
@@ -460,12 +456,8 @@ class LivePlot(LiveView):
 
     def _figure(self):
         if self._fig is None:
-            from matplotlib.backends.backend_agg import FigureCanvasAgg
-            from matplotlib.figure import Figure
-
             n = len(self._panels)
-            fig = Figure(figsize=(7.0, 1.7 * n + 0.6), dpi=72, facecolor="white")
-            FigureCanvasAgg(fig)
+            fig = new_figure(7.0, 1.7 * n + 0.6)
             axes = fig.subplots(n, 1, sharex=True)
             fig.subplots_adjust(left=0.11, right=0.97, top=0.93, bottom=0.1, hspace=0.28)
             self._ax = dict(zip(self._panels, axes, strict=True))
@@ -508,9 +500,7 @@ class LivePlot(LiveView):
             ax.autoscale_view()
             if name != "loss":
                 ax.set_ylim(bottom=0, auto=True)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", facecolor="white")
-        return buf.getvalue()
+        return png_bytes(fig)
 
     def _status_html(self, state: str) -> str:
         s = self.summary()

@@ -1,6 +1,5 @@
-"""The fuzz review's cases for the live views (issue 15; /work/shared/reviews/fuzz-review.md):
-case 3 (poller threads piling up), case 9 (StepTimer's device string), case 11 (huge numbers,
-psutil missing)."""
+"""Issue 15's fuzz cases for the live views: case 3 (poller threads piling up), case 9
+(StepTimer's device string), case 11 (huge numbers, psutil missing)."""
 
 import sys
 import threading
@@ -78,7 +77,7 @@ def test_case_3_gauges_created_from_several_threads_leave_one_poller():
 
 
 def test_case_3_a_rejected_gauge_leaves_the_running_one_alone():
-    """Fuzz review, widget re-runs: a call that raises must not stop the previous poller."""
+    """Fuzz case 3 (widget re-runs): a call that raises must not stop the previous poller."""
     w = helpers.watch_gpus(0.25)
     g = helpers.MemoryGauge(poll=0.25)
     with pytest.raises(ValueError):
@@ -138,7 +137,7 @@ def test_case_11_huge_sample_and_step_numbers_are_refused():
 
 
 def test_case_11_absurd_virtual_gpu_numbers_fall_back_with_a_reason():
-    """Fuzz review: a virtual GPU with 10**400 bytes gave OverflowError in text()."""
+    """Fuzz case 11: a virtual GPU with 10**400 bytes gave OverflowError in text()."""
 
     class Absurd:
         name = "absurd"

@@ -400,7 +400,7 @@ def test_a_failing_source_keeps_the_last_reading_and_says_why(monkeypatch):
     assert "GPU has fallen off the bus" in after.detail
 
 
-# ------------------------------------------------------------------ CUDA-only paths (issue 14)
+# ------------------------------------------------ CUDA-only paths (rehearsed on the CPU)
 @pytest.fixture
 def cuda_torch(monkeypatch):
     """torch.cuda as on a 2-GPU machine, CUDA not initialised; get_device_properties would
