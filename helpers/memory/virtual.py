@@ -31,7 +31,7 @@ from ..core.checks import flag, whole_number
 from ..core.fmt import fmt_bytes
 from . import state
 from .allocator import CachingAllocator, ExactAllocator, SimulatedOOM
-from .capacity import parse_capacity, resolve_capacity
+from .capacity import resolve_capacity
 from .engine import Engine, device_type
 
 __all__ = ["VirtualGPU", "full_scale", "current_virtual_gpu", "format_size", "oom_message",
@@ -246,7 +246,8 @@ class VirtualGPU:
         card, cap = resolve_capacity(capacity)
         self.capacity_bytes = cap
         self.name = card if card is not None else fmt_bytes(cap)
-        self.context_bytes = parse_capacity(context_bytes, allow_zero=True)
+        self.context_bytes = resolve_capacity(context_bytes, what="context_bytes",
+                                              allow_zero=True)[1]
         if self.context_bytes >= cap:
             raise ValueError(
                 f"context_bytes ({fmt_bytes(self.context_bytes)}) must be smaller than the "

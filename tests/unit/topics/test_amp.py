@@ -6,6 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch import nn
 
 import helpers
@@ -300,3 +302,43 @@ def test_keras_policy_is_restored_even_after_an_error():
     with pytest.raises(ValueError, match="mixed_bfloat16"):
         with helpers.keras_policy("bf16"):
             pass
+
+
+# ------------------------------------------------------------------ property tests
+
+_sizes = st.integers(min_value=0, max_value=2**50)
+_fake_report = st.builds(
+    lambda peak, cats: SimpleNamespace(peak_bytes=peak, category_max=cats),
+    _sizes, st.dictionaries(st.sampled_from(["parameters", "gradients", "activations",
+                                             "optimizer_state", "inputs"]), _sizes))
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=6), _fake_report, min_size=2,
+                       max_size=4))
+def test_compare_memory_always_shows_itself(reports):
+    """Fuzz case 11: a zero-peak report could not be shown (NaN ratio); a category one
+    report lacks was a KeyError."""
+    cmp = helpers.compare_memory(reports)
+    text = cmp.text()
+    assert text == repr(cmp) and "peak" in text and cmp._repr_html_()
+
+
+@given(st.one_of(st.none(), st.integers(min_value=-5, max_value=5), st.text(max_size=3),
+                 st.floats(), st.just(10**400)))
+def test_compare_memory_rejects_bad_peaks_clearly(peak):
+    reports = {"a": SimpleNamespace(peak_bytes=peak, category_max={}),
+               "b": SimpleNamespace(peak_bytes=1, category_max={})}
+    try:
+        helpers.compare_memory(reports).text()
+    except (TypeError, ValueError) as exc:
+        assert "report 'a'" in str(exc) or "peak" in str(exc)
+    else:
+        assert isinstance(peak, int) and peak >= 0
+
+
+def test_compare_memory_with_a_zero_peak_report():
+    """Fuzz case 11: compare_memory with a zero-peak report can be shown."""
+    zero = helpers.measure_step(lambda: None, device="cpu")
+    some = helpers.measure_step(lambda: torch.ones(100), device="cpu")
+    text = helpers.compare_memory({"a": zero, "b": some}).text()
+    assert "peak" in text and "-" in text
