@@ -34,28 +34,30 @@ are restored to their state before the search, the error's traceback frames are 
 garbage is collected and the (virtual or CUDA) allocator's cache is emptied, so each trial
 starts from the same memory and, afterwards, memory is back where it started (on CUDA,
 measured from a baseline read after a warm-up matmul: cuBLAS's workspaces, which
-``empty_cache()`` never frees, are part of it; :func:`warm_up_cuda`).  Used by lesson 05.
+``empty_cache()`` never frees, are part of it; :func:`warm_up_cuda`).  Memory is read through
+:mod:`helpers.memory.sources`; Keras models and optimizers are handled by
+:mod:`helpers.tf.finder`.  Used by lesson 05.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import gc
 import html
-import numbers
 import re
 import sys
 import time
 import traceback
 from dataclasses import dataclass, field
 
-from .core.checks import whole_number
+from .core.checks import positive_int, real_number, whole_number
 from .core.fmt import Table, fmt_bytes, fmt_rate
-from .memory.errors import is_oom_error, warm_up_cuda
+from .memory import state
+from .memory.errors import is_oom_error, release_after_error, warm_up_cuda
+from .memory.sources import CudaSource, MemorySource, VirtualGpuSource
 
 __all__ = ["find_batch_size", "BatchSizeResult", "Trial", "BatchSizeError"]
 
+# The strategy's tuning, each found on the benchmark's workloads (benchmarks/batch_size.py):
 # a prediction that extrapolates far aims this share of the remaining memory short of the
 # budget, so it lands just below the limit and the next prediction can interpolate
 _AIM_SHORT = 0.03
@@ -101,9 +103,7 @@ class Trial:
 
     @property
     def outcome(self) -> str:
-        if self.oom:
-            return "out of memory"
-        return "fits" if self.fits else "over budget"
+        return "out of memory" if self.oom else "fits" if self.fits else "over budget"
 
 
 @dataclass
@@ -147,8 +147,7 @@ class BatchSizeResult:
     @property
     def smallest_too_big(self) -> int | None:
         """The smallest batch size tried that did not fit (None if all fitted)."""
-        sizes = [t.batch_size for t in self.trials if not t.fits]
-        return min(sizes) if sizes else None
+        return min((t.batch_size for t in self.trials if not t.fits), default=None)
 
     def trial(self, batch_size: int) -> Trial:
         """The trial at this batch size (KeyError if it was not tried)."""
@@ -164,29 +163,28 @@ class BatchSizeResult:
             return None
         return round(self.fixed_bytes + self.bytes_per_sample * batch_size)
 
-    # ------------------------------------------------------------------ display
     def table(self) -> Table:
         rows = []
         for i, t in enumerate(self.trials, 1):
-            peak = fmt_bytes(t.peak_bytes) if t.peak_bytes is not None else "-"
-            share = (f"{t.peak_bytes / self.capacity_bytes:.1%}"
-                     if t.peak_bytes is not None and self.capacity_bytes else "-")
-            rate = _rate(t.samples_per_s) if t.samples_per_s is not None else "-"
-            rows.append([i, t.batch_size, t.why, t.outcome, peak, share, rate])
+            measured = t.peak_bytes is not None
+            share = f"{t.peak_bytes / self.capacity_bytes:.1%}" \
+                if measured and self.capacity_bytes else "-"
+            rate = "-" if t.samples_per_s is None else fmt_rate(t.samples_per_s, unit="").rstrip()
+            rows.append([i, t.batch_size, t.why, t.outcome,
+                         fmt_bytes(t.peak_bytes) if measured else "-", share, rate])
         # measured numbers last, under a header longer than any of them: the layout stays
         # the same when the notebook tests mask them
         return Table(["trial", "batch size", "chosen by", "result", "peak memory",
                       "of capacity", "samples/s (measured)"], rows)
 
     def summary(self) -> str:
-        where = self.device
+        limit = "memory (no capacity known: out-of-memory errors decide)"
         if self.budget_bytes is not None:
             limit = (f"{fmt_bytes(self.budget_bytes)} ({1 - self.margin:.0%} of "
                      f"{fmt_bytes(self.capacity_bytes)})")
-        else:
-            limit = "memory (no capacity known: out-of-memory errors decide)"
-        return (f"batch size {self.batch_size}: the largest that fits in {limit} on {where}; "
-                f"{self.n_trials} trials, {self.n_steps} training steps ({self.stopped})")
+        return (f"batch size {self.batch_size}: the largest that fits in {limit} on "
+                f"{self.device}; {self.n_trials} trials, {self.n_steps} training steps "
+                f"({self.stopped})")
 
     def _lines(self) -> list[str]:
         lines = []
@@ -210,13 +208,9 @@ class BatchSizeResult:
                 f"<p>{foot}</p></div>")
 
     def to_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in (
-            "batch_size", "device", "capacity_bytes", "budget_bytes", "margin", "multiple_of",
-            "maximum", "steps_per_trial", "stopped", "baseline_bytes", "after_bytes",
-            "fixed_bytes", "bytes_per_sample")}
-        out["trials"] = [t.__dict__.copy() for t in self.trials]
-        out["notes"] = list(self.notes)
-        return out
+        out = {k: v for k, v in self.__dict__.items() if k not in ("trials", "notes")}
+        return {**out, "trials": [t.__dict__.copy() for t in self.trials],
+                "notes": list(self.notes)}
 
     def plot(self, ax=None, *, unit: str | None = None, title: str | None = None):
         """Peak memory and throughput of every trial against batch size, with the capacity.
@@ -228,455 +222,173 @@ class BatchSizeResult:
         return _plot(self, ax=ax, unit=unit, title=title)
 
 
-def _rate(per_second: float) -> str:
-    """``fmt_rate`` without the unit (it is in the column's header): ``"~1,234"``."""
-    return fmt_rate(per_second, unit="").rstrip()
+# ---------------------------------------------------------------------------- the device
+class _Unmeasured(MemorySource):
+    """A device whose memory nothing reads (a CPU): out-of-memory errors alone decide."""
+
+    available, why_not = False, "no memory statistics on this device"
 
 
-# ---------------------------------------------------------------------------- memory probes
-class _Probe:
-    """Where memory is measured: a virtual GPU, a CUDA device, TensorFlow, or nothing."""
+def _device_for(framework: str | None, model, capacity: int | None):
+    """Where memory is measured, as ``(source, name, capacity, other, gpu)``: the active virtual
+    GPU (PyTorch), TensorFlow's allocator (Keras, or a bare step where only TensorFlow is
+    loaded), the model's CUDA device (or the current one), else nothing. ``other`` is what the
+    device holds outside the source (the CUDA context, other processes), read once."""
+    gpu = state.current_virtual_gpu()
+    if gpu is not None and framework != "tensorflow":
+        name = f"VirtualGPU {gpu.name}" + (" (fake tensors)" if gpu.fake else "")
+        return VirtualGpuSource(gpu), name, gpu.capacity_bytes, gpu.context_bytes, gpu
+    if framework == "tensorflow" or (framework is None and "torch" not in sys.modules
+                                     and "tensorflow" in sys.modules):
+        from .tf.finder import keras_memory
 
-    name = "this device"
-    capacity_bytes: int | None = None
-    fake = False
-    framework = "torch"
-    exact = True  # allocated() is back to the baseline when everything is released
+        source, capacity, other = keras_memory(capacity)
+        return source, source.name, capacity, other, None
+    import torch
 
-    def allocated(self) -> int | None:
-        return None
-
-    def reset(self) -> None:
-        pass
-
-    def peak(self) -> tuple[int | None, int | None]:
-        """(needed, reserved) bytes at the peak since ``reset``, context included."""
-        return None, None
-
-    def sync(self) -> None:
-        pass
-
-    def empty_cache(self) -> None:
-        pass
-
-    def host_copies(self):
-        """A context in which tensors made are host copies, not device memory."""
-        return contextlib.nullcontext()
-
-    def adopt(self, objs) -> None:
-        """Count tensors that are already on the device (the model) from now on."""
-
-    def warm_up(self) -> None:
-        """Allocate what stays allocated after the first step (before the baseline)."""
+    where = next(iter(model.parameters()), None) if model is not None else None
+    where = where.device if where is not None else None
+    if where is None and torch.cuda.is_available():
+        where = torch.device("cuda", torch.cuda.current_device())
+    if where is None or where.type != "cuda":
+        return _Unmeasured(), str(where or "cpu"), None, 0, None
+    source = CudaSource(where)
+    source.sync()
+    free, total = source.free_and_total()
+    other = total - free - source.reserved()  # not PyTorch's: the CUDA context, others
+    fraction = torch.cuda.get_per_process_memory_fraction(source.index)
+    capacity = total if fraction >= 1 else min(total, other + int(total * fraction))
+    return source, f"{source.name} ({torch.cuda.get_device_name(source.index)})", capacity, \
+        other, None
 
 
-class _VirtualProbe(_Probe):
-    def __init__(self, gpu):
-        self.gpu = gpu
-        self.capacity_bytes = gpu.capacity_bytes
-        self.fake = gpu.fake
-        self.name = f"VirtualGPU {gpu.name}" + (" (fake tensors)" if gpu.fake else "")
-
-    def allocated(self):
-        return self.gpu.allocated_bytes
-
-    def reset(self):
-        self.gpu.reset_peak()
-
-    def peak(self):
-        ctx = self.gpu.context_bytes
-        return ctx + self.gpu.peak_allocated_bytes, ctx + self.gpu.peak_reserved_bytes
-
-    def empty_cache(self):
-        self.gpu.empty_cache()
-
-    def adopt(self, objs):
-        # a model made before the `with VirtualGPU` block is on the GPU as far as the
-        # search is concerned: count it from the start, not from its first use
-        self.gpu.track(*objs)
-
-    def host_copies(self):
-        # the virtual GPU counts every CPU tensor made in it; snapshots for restoring the model
-        # live in host memory, so they are made with its counting (dispatch modes) paused
-        if self.fake:
-            return contextlib.nullcontext()
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        return _disable_current_modes()
-
-
-class _CudaProbe(_Probe):
-    device_type = "cuda"
-
-    def __init__(self, index: int):
-        import torch
-
-        self.torch = torch
-        self.index = index
-        self.device = torch.device(self.device_type, index)
-        torch.cuda.synchronize(index)
-        free, total = torch.cuda.mem_get_info(index)
-        # memory PyTorch does not manage: the CUDA context, other processes
-        self.other = int(total - free - torch.cuda.memory_reserved(index))
-        self.capacity_bytes = int(total)
-        getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
-        fraction = getter(index) if getter is not None else 1.0
-        if fraction < 1.0:  # set_per_process_memory_fraction caps what the allocator reserves
-            self.capacity_bytes = min(int(total), self.other + int(total * fraction))
-        self.name = f"cuda:{index} ({torch.cuda.get_device_name(index)})"
-
-    def allocated(self):
-        return int(self.torch.cuda.memory_allocated(self.index))
-
-    def reset(self):
-        self.torch.cuda.synchronize(self.index)
-        self.torch.cuda.reset_peak_memory_stats(self.index)
-
-    def peak(self):
-        cuda = self.torch.cuda
-        return (self.other + int(cuda.max_memory_allocated(self.index)),
-                self.other + int(cuda.max_memory_reserved(self.index)))
-
-    def sync(self):
-        self.torch.cuda.synchronize(self.index)
-
-    def empty_cache(self):
-        self.torch.cuda.empty_cache()
-
-    def warm_up(self):
-        # cuBLAS's workspaces (forward, and backward on autograd's thread) stay allocated
-        warm_up_cuda(self.device)
-
-
-class _TFProbe(_Probe):
-    framework = "tensorflow"
-    exact = False  # TensorFlow's own buffers come and go
-
-    def __init__(self, device: str, capacity: int | None):
-        import tensorflow as tf
-
-        self.tf = tf
-        self.device = device
-        self.name = f"TensorFlow {device}"
-        try:
-            tf.config.experimental.get_memory_info(device)
-            self.stats = True
-        except ValueError:
-            self.stats = False
-        self.capacity_bytes = capacity
-        self.other = 0
-        if capacity is None and device.startswith("GPU"):
-            from .core.nvml import gpu_memory
-
-            index = int(device.split(":")[1])
-            mem = gpu_memory(index)
-            if mem is not None:
-                self.capacity_bytes = mem.total_bytes
-                current = self.allocated() or 0
-                self.other = max(0, mem.used_bytes - current)
-        elif capacity is None and device.startswith("CPU"):
-            self.capacity_bytes = _tf_cpu_limit()
-
-    def allocated(self):
-        if not self.stats:
-            return None
-        return int(self.tf.config.experimental.get_memory_info(self.device)["current"])
-
-    def reset(self):
-        if self.stats:
-            self.tf.config.experimental.reset_memory_stats(self.device)
-
-    def peak(self):
-        if not self.stats:
-            return None, None
-        used = self.other + int(self.tf.config.experimental.get_memory_info(self.device)["peak"])
-        return used, None
-
-
-def _tf_cpu_limit() -> int | None:
-    """The CPU BFC allocator's limit when TF_CPU_ALLOCATOR_USE_BFC / ..._MEM_LIMIT_IN_MB set it."""
-    import os
-
-    if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() != "true":
-        return None
-    mb = os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB")
-    try:
-        return int(mb) * 1024**2 if mb else None
-    except ValueError:
-        return None
+def _read(source) -> int | None:
+    return source.read() if source.available else None
 
 
 # ---------------------------------------------------------------------------- state
-class _TorchState:
-    """Parameters, buffers, gradients and optimizer state as they were; put back on demand."""
+class _State:
+    """Parameters and buffers, gradients and optimizer state as they were; ``restore()`` puts
+    them back after every trial.  Copies are kept in host memory; fake tensors hold no values
+    (in-place updates change nothing), so they are kept as they are."""
 
-    def __init__(self, model, optimizers, probe: _Probe):
+    def __init__(self, model, optimizers, gpu):
         import torch
 
         from .memory.engine import unique_params
+        from .memory.virtual import is_fake
 
-        self.torch = torch
-        self.model = model
-        self.optimizers = optimizers
-        self.probe = probe
+        self.model, self.optimizers, self.gpu = model, optimizers, gpu
         self.params = unique_params(model, optimizers)
-        fake = probe.fake or any(_is_fake(p) for p in self.params)
-        self.fake = fake
-        with probe.host_copies(), torch.no_grad():
-            if fake:  # no values to keep: keep the objects (in-place updates change nothing)
-                self.values = None
-                self.grads = [p.grad for p in self.params]
-                self.opt_states = [{p: dict(s) for p, s in opt.state.items()}
-                                   for opt in optimizers]
-                self.opt_groups = [copy.deepcopy([{k: v for k, v in g.items() if k != "params"}
-                                                  for g in opt.param_groups])
-                                   for opt in optimizers]
-            else:
-                self.values = ({k: _host_copy(v) for k, v in model.state_dict().items()}
-                               if model is not None else None)
-                self.grads = [None if p.grad is None else _host_copy(p.grad)
-                              for p in self.params]
-                self.opt_dicts = [_host_copy_tree(opt.state_dict()) for opt in optimizers]
+        self.fake = bool(gpu is not None and gpu.fake) or any(map(is_fake, self.params))
+        keep = _same if self.fake else (lambda t: t.detach().to("cpu", copy=True))
+        with self.paused(), torch.no_grad():
+            self.values = _tree(keep, model.state_dict()) if model is not None else {}
+            self.grads = [None if p.grad is None else keep(p.grad) for p in self.params]
+            self.saved = [_tree(keep, opt.state_dict()) for opt in self.optimizers]
+
+    def paused(self):
+        """Tensors made in it are host copies, not counted by the virtual GPU (fake tensors
+        make nothing: the fake GPU is not paused)."""
+        return self.gpu.paused() if self.gpu is not None and not self.fake \
+            else contextlib.nullcontext()
 
     def restore(self) -> None:
-        torch = self.torch
-        with torch.no_grad():
-            if self.fake:
-                for p, g in zip(self.params, self.grads, strict=True):
-                    p.grad = g
-                for opt, st, groups in zip(self.optimizers, self.opt_states, self.opt_groups,
-                                           strict=True):
-                    opt.state.clear()
-                    opt.state.update({p: dict(s) for p, s in st.items()})
-                    for g, saved in zip(opt.param_groups, groups, strict=True):
-                        g.update(saved)
-                return
-            with self.probe.host_copies():
-                if self.values is not None:  # in place: no new memory
-                    current = self.model.state_dict()
-                    for k, v in self.values.items():
-                        current[k].copy_(v)
-                for p, g in zip(self.params, self.grads, strict=True):
-                    p.grad = None if g is None else g.to(p.device, copy=True)
-                for opt, saved in zip(self.optimizers, self.opt_dicts, strict=True):
-                    # load_state_dict moves the (cloned) state onto the parameters' device
-                    opt.load_state_dict(_clone_tree(saved))
-            # the new gradients and optimizer state are on the device, as the old ones were
-            self.probe.adopt([*self.params, *(p.grad for p in self.params if p.grad is not None),
-                              *self.optimizers])
-
-
-def _is_fake(t) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(t, FakeTensor)
-
-
-def _host_copy(t):
-    return t.detach().to("cpu", copy=True)
-
-
-def _host_copy_tree(obj):
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return _host_copy(obj)
-    if isinstance(obj, dict):
-        return {k: _host_copy_tree(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_host_copy_tree(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_host_copy_tree(v) for v in obj)
-    return copy.deepcopy(obj)
-
-
-def _clone_tree(obj):
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.clone()
-    if isinstance(obj, dict):
-        return {k: _clone_tree(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clone_tree(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_clone_tree(v) for v in obj)
-    return copy.deepcopy(obj)
-
-
-class _KerasState:
-    """Weights and optimizer variables of a Keras model, as numpy copies (host memory)."""
-
-    def __init__(self, model, optimizer):
-        self.model = model
-        self.optimizer = optimizer
-        self.weights = model.get_weights() if model is not None else None
-        self.opt_values = ([v.numpy() for v in optimizer.variables]
-                           if optimizer is not None else None)
-
-    def restore(self) -> None:
-        if self.weights is not None:
-            self.model.set_weights(self.weights)
-        if self.opt_values is not None:
-            # variables made by the search (slots built on the first step) keep their shape
-            for v, value in zip(self.optimizer.variables, self.opt_values, strict=False):
-                v.assign(value)
-
-
-class _NoState:
-    def restore(self) -> None:
-        pass
-
-
-# ---------------------------------------------------------------------------- arguments
-def _framework_of(model) -> str | None:
-    if model is None:
-        return None
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(model, torch.nn.Module):
-        return "torch"
-    mod = type(model).__module__
-    if mod.startswith(("keras", "tensorflow", "tf_keras")):
-        return "tensorflow"
-    raise TypeError(f"model must be a torch.nn.Module or a Keras model, got "
-                    f"{type(model).__name__}")
-
-
-def _optimizer_list(optimizer, framework) -> list:
-    if optimizer is None:
-        return []
-    if framework == "tensorflow":
-        return [optimizer]
-    import torch
-
-    opts = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
-    for opt in opts:
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer (or a list of them), "
-                            f"got {type(opt).__name__}")
-    return opts
-
-
-def _probe_for(framework, model, capacity) -> _Probe:
-    from .memory.state import current_virtual_gpu
-
-    gpu = current_virtual_gpu()
-    if gpu is not None and framework != "tensorflow":
-        return _VirtualProbe(gpu)
-    if framework == "tensorflow" or (framework is None and "torch" not in sys.modules
-                                     and "tensorflow" in sys.modules):
-        import tensorflow as tf
-
-        device = "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
-        probe = _TFProbe(device, capacity)
-        return probe
-    torch = sys.modules.get("torch")
-    if torch is None:
         import torch
-    device = None
-    if model is not None:
-        for p in model.parameters():
-            device = p.device
-            break
-    if device is None and torch.cuda.is_available():
-        device = torch.device("cuda", torch.cuda.current_device())
-    if device is not None and device.type == "cuda":
-        return _CudaProbe(device.index if device.index is not None else 0)
-    probe = _Probe()
-    probe.name = str(device or "cpu")
-    return probe
+
+        with self.paused(), torch.no_grad():
+            if not self.fake:  # in place: no new memory
+                current = self.model.state_dict() if self.model is not None else {}
+                for k, v in self.values.items():
+                    current[k].copy_(v)
+            for p, g in zip(self.params, self.grads, strict=True):
+                p.grad = g if g is None or self.fake else g.to(p.device, copy=True)
+            for opt, saved in zip(self.optimizers, self.saved, strict=True):
+                # load_state_dict moves the (cloned) state onto the parameters' device
+                opt.load_state_dict(_tree(_same if self.fake else torch.clone, saved))
+        if self.gpu is not None and not self.fake:  # the new gradients and optimizer state
+            self.gpu.track(*self.params, *(p.grad for p in self.params if p.grad is not None),
+                           *self.optimizers)
+
+
+def _same(t):
+    return t
+
+
+def _tree(fn, obj):
+    """``obj`` with ``fn`` applied to each tensor in it (dicts, lists and tuples rebuilt)."""
+    import torch
+
+    if isinstance(obj, dict):
+        return {k: _tree(fn, v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [_tree(fn, v) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
+    return fn(obj) if isinstance(obj, torch.Tensor) else obj
 
 
 # ---------------------------------------------------------------------------- the search
 class _Search:
-    """The search: bounds from the trials so far, a line through them, the next size."""
+    """The strategy: bounds from the trials so far, a line through them, the next size."""
 
-    def __init__(self, step, probe, state, *, start, maximum, budget, multiple_of, tolerance,
-                 steps, max_trials):
-        self.step = step
-        self.probe = probe
-        self.state = state
-        self.start = start
-        self.maximum = maximum
-        self.budget = budget
-        self.m = multiple_of
-        self.steps = steps
-        self.max_trials = max_trials
+    def __init__(self, step, where, restore, *, start, maximum, margin, tolerance,
+                 steps_per_trial, multiple_of, max_trials):
+        self.step, self.restore = step, restore
+        self.source, self.name, self.capacity, self.other, gpu = where
+        self.fake = bool(gpu is not None and gpu.fake)
+        self.start, self.maximum, self.margin, self.tolerance = start, maximum, margin, tolerance
+        self.steps, self.m, self.max_trials = steps_per_trial, multiple_of, max_trials
+        self.budget = None if self.capacity is None else int(self.capacity * (1 - margin))
         self.trials: list[Trial] = []
-        self.baseline = probe.allocated()
-        self.tolerance = tolerance
+        self.baseline = _read(self.source)
         self.bisect_next = False  # the last prediction did not halve the bracket
         self.gallop = 0  # verifications in a row that fitted (the line under-predicts)
         self.misses = 0  # predictions that failed inside a bracket
 
-    # sizes tried: multiples of m (from m on), every size below m, and the maximum
     def snap(self, b: int) -> int:
+        """Sizes tried: multiples of m (from m on), every size below m, and the maximum."""
         if self.maximum is not None and b >= self.maximum:
             return self.maximum
-        if b >= self.m:
-            return b // self.m * self.m
-        return max(1, b)
+        return b // self.m * self.m if b >= self.m else max(1, b)
 
     def resolution(self, b: int) -> int:
         """How close the answer must get at ``b``: ``tolerance * b``, at least one step."""
-        if b < self.m:
-            return 1
-        return max(self.m, int(self.tolerance * b) // self.m * self.m)
+        return 1 if b < self.m else max(self.m, int(self.tolerance * b) // self.m * self.m)
 
-    def prev_down(self, b: int) -> int:
-        """The largest size below ``b`` (``b`` is at most the maximum)."""
-        return b - 1 if b - 1 < self.m else (b - 1) // self.m * self.m
-
-    # ---------------------------------------------------------------- bounds and line
     def lo(self) -> Trial | None:
-        fits = [t for t in self.trials if t.fits]
-        return max(fits, key=lambda t: t.batch_size) if fits else None
+        return max((t for t in self.trials if t.fits), key=lambda t: t.batch_size, default=None)
 
     def hi(self) -> Trial | None:
-        bad = [t for t in self.trials if not t.fits]
-        return min(bad, key=lambda t: t.batch_size) if bad else None
+        return min((t for t in self.trials if not t.fits), key=lambda t: t.batch_size,
+                   default=None)
 
     def width(self) -> int | None:
         lo, hi = self.lo(), self.hi()
         return None if lo is None or hi is None else hi.batch_size - lo.batch_size
-
-    def closed(self) -> bool:
-        lo, hi = self.lo(), self.hi()
-        if lo is None:
-            return False
-        if self.maximum is not None and lo.batch_size >= self.maximum:
-            return True
-        return hi is not None and hi.batch_size - lo.batch_size <= self.resolution(lo.batch_size)
 
     def line(self) -> tuple[float, float] | None:
         """(fixed bytes, bytes per sample) through the largest measured size that fits and
         one at least 10 % smaller (a long base: the allocator's rounding steps barely tilt
         it), or None. Small sizes can sit on a flat stretch where a batch-independent peak
         (the optimizer step's) dominates; secants from there are too flat, so the steepest
-        is taken."""
+        is taken (memory is convex in the batch size: flat, then linear)."""
         pts = sorted({t.batch_size: t for t in self.trials
-                      if t.fits and t.peak_bytes is not None}.values(),
-                     key=lambda t: t.batch_size)
+                      if t.fits and t.peak_bytes is not None}.values(), key=lambda t: t.batch_size)
         if len(pts) < 2:
             return None
         big = pts[-1]
         far = [t for t in pts[:-1] if t.batch_size <= _BASE * big.batch_size] or pts[:1]
-        # memory is convex in the batch size (flat, then linear): of the long secants, the
-        # steepest is the one drawn past the flat stretch
         slope = max((big.peak_bytes - t.peak_bytes) / (big.batch_size - t.batch_size)
                     for t in far)
-        if slope <= 0:
-            return None
-        return big.peak_bytes - slope * big.batch_size, slope
+        return None if slope <= 0 else (big.peak_bytes - slope * big.batch_size, slope)
 
     def predict(self) -> float | None:
         """The batch size at which memory reaches the budget, or None."""
+        lo, hi = self.lo(), self.hi()
         if self.budget is None:
             return None
-        lo, hi = self.lo(), self.hi()
-        if lo is not None and hi is not None and lo.peak_bytes is not None \
-                and hi.peak_bytes is not None and hi.peak_bytes > lo.peak_bytes:
-            # measured on both sides of the budget: interpolate
+        if lo is not None and hi is not None and None not in (lo.peak_bytes, hi.peak_bytes) \
+                and hi.peak_bytes > lo.peak_bytes:  # measured on both sides: interpolate
             slope = (hi.peak_bytes - lo.peak_bytes) / (hi.batch_size - lo.batch_size)
             return lo.batch_size + (self.budget - lo.peak_bytes) / slope
         line = self.line()
@@ -684,24 +396,20 @@ class _Search:
             return None
         fixed, slope = line
         target = (self.budget - fixed) / slope
-        if target > 1.5 * lo.batch_size:
-            # a long extrapolation: aim a little short, then interpolate from there
-            aim = self.budget - _AIM_SHORT * (self.budget - lo.peak_bytes)
-            target = (aim - fixed) / slope
+        if target > 1.5 * lo.batch_size:  # a long extrapolation: aim a little short
+            target = (self.budget - _AIM_SHORT * (self.budget - lo.peak_bytes) - fixed) / slope
         return target
 
-    # ---------------------------------------------------------------- next size
     def next_size(self) -> tuple[int, str] | None:
         lo, hi = self.lo(), self.hi()
         if lo is None:
             if hi is None:
                 return self.start, "start"
-            if hi.batch_size <= 1:
-                return None
-            return self.snap(hi.batch_size // 2), "halving"
-        if self.closed():
-            return None
+            return None if hi.batch_size <= 1 else (self.snap(hi.batch_size // 2), "halving")
         b = lo.batch_size
+        if (self.maximum is not None and b >= self.maximum) or \
+                (hi is not None and hi.batch_size - b <= self.resolution(b)):
+            return None  # closed
         pred = self.predict()
         # the line says b is the largest: check that a size just above does not fit (if it
         # does, the line under-predicts: take ever larger steps)
@@ -719,79 +427,69 @@ class _Search:
             return verify if verify[0] < hi.batch_size else bisection
         if cand < hi.batch_size:
             return cand, "prediction"
-        if pred <= (1 + _NEAR) * hi.batch_size and self.prev_down(hi.batch_size) > b:
+        below = hi.batch_size - 1 if hi.batch_size - 1 < self.m else \
+            (hi.batch_size - 1) // self.m * self.m
+        if pred <= (1 + _NEAR) * hi.batch_size and below > b:
             # the line crosses the budget just past a size that ran out of memory
             # (fragmentation wastes a little): the largest size is probably just below it
-            return self.prev_down(hi.batch_size), "prediction"
+            return below, "prediction"
         return bisection
 
-    # ---------------------------------------------------------------- one trial
     def run_trial(self, b: int, why: str) -> Trial:
-        probe = self.probe
-        probe.reset()
-        times = []
-        started = 0
-        oom_text = None
+        source, times, started, error = self.source, [], 0, None
+        source.reset()
         t_start = time.perf_counter()
         try:
-            for _ in range(self.steps):
-                started += 1
+            for started in range(1, self.steps + 1):  # noqa: B007 - counted when one fails
                 t0 = time.perf_counter()
                 self.step(b)
-                probe.sync()
+                source.sync()
                 times.append(time.perf_counter() - t0)
         except BaseException as exc:
             if not is_oom_error(exc):
                 raise
-            oom_text = _first_line(exc)
-            # the traceback's frames hold the step's tensors: release them now
-            traceback.clear_frames(exc.__traceback__)
+            error = _first_line(exc)
+            traceback.clear_frames(exc.__traceback__)  # its frames hold the step's tensors
         seconds = time.perf_counter() - t_start
         # clean-up outside the except block, so nothing from the error is alive any more
-        peak, reserved = (None, None) if oom_text is not None else probe.peak()
-        self.state.restore()
-        self.release(oom_text is not None)
-        fits = oom_text is None and (self.budget is None or peak is None
-                                     or peak <= self.budget)
-        rate = None
-        if oom_text is None and not probe.fake:
-            timed = times[1:] if len(times) > 1 else times
-            total = sum(timed)
-            rate = b * len(timed) / total if total > 0 else None
-        trial = Trial(batch_size=b, fits=fits, oom=oom_text is not None, peak_bytes=peak,
-                      reserved_bytes=reserved,
-                      samples_per_s=rate, seconds=seconds, why=why, steps=started,
-                      error=oom_text)
+        peak = None if error is not None else source.peak()
+        reserved = None if peak is None else source.peak_reserved()
+        peak, reserved = (None if v is None else self.other + v for v in (peak, reserved))
+        self.restore()
+        self.release(error is not None)
+        timed = times[1:] if len(times) > 1 else times
+        rate = b * len(timed) / sum(timed) if error is None and not self.fake \
+            and sum(timed) > 0 else None
+        trial = Trial(batch_size=b, fits=error is None and (self.budget is None or peak is None
+                                                           or peak <= self.budget),
+                      oom=error is not None, peak_bytes=peak, reserved_bytes=reserved,
+                      samples_per_s=rate, seconds=seconds, why=why, steps=started, error=error)
         self.trials.append(trial)
         return trial
 
     def release(self, after_oom: bool) -> None:
         """Free what the trial left: collect garbage (after an error, or if memory is not
         back to the baseline: a full collection takes a while) and empty the cache."""
-        now = self.probe.allocated() if self.probe.exact else None
+        now = _read(self.source) if self.source.exact else None
         if after_oom or (now is not None and now != self.baseline):
-            gc.collect()
-        self.probe.empty_cache()
+            release_after_error(None, self.source.empty_cache)
+        else:
+            self.source.empty_cache()
 
     def run(self) -> str:
-        while True:
-            nxt = self.next_size()
-            if nxt is None:
-                return self._why_stopped()
+        """Try sizes until the answer is proven (or max_trials); returns why it stopped."""
+        while (nxt := self.next_size()) is not None:
             if len(self.trials) >= self.max_trials:
                 return f"stopped after max_trials={self.max_trials}"
-            b, why = nxt
             before = self.width()
-            trial = self.run_trial(b, why)
+            trial = self.run_trial(*nxt)
             after = self.width()
             # safeguard: a prediction that does not halve the bracket is followed by a
             # bisection step, so the search is never slower than about twice bisection
-            self.bisect_next = why in ("prediction", "verify") and before is not None \
+            self.bisect_next = nxt[1] in ("prediction", "verify") and before is not None \
                 and after is not None and after > before / 2
             self.misses += self.bisect_next
-            self.gallop = self.gallop + 1 if why == "verify" and trial.fits else 0
-
-    def _why_stopped(self) -> str:
+            self.gallop = self.gallop + 1 if nxt[1] == "verify" and trial.fits else 0
         lo, hi = self.lo(), self.hi()
         if lo is None:
             return "nothing fits"
@@ -803,7 +501,7 @@ class _Search:
 def _first_line(exc: BaseException) -> str:
     """``"Type: the line that says what ran out"`` (Keras' colour codes and TensorFlow's
     function-node prefix removed)."""
-    text = _ANSI.sub("", str(exc)).strip().splitlines()
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()
     line = next((x for x in text if "out of memory" in x.lower() or "OOM" in x),
                 text[0] if text else "")
     if "OOM when allocating" in line:
@@ -811,7 +509,57 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {line.strip()}"
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# ---------------------------------------------------------------------------- arguments
+def _framework(model, optimizer) -> tuple[str | None, list]:
+    """``"torch"`` or ``"tensorflow"`` for a PyTorch or Keras model and optimizer (None when
+    neither is given), and the optimizers as a list; TypeError for anything else."""
+    torch, found = sys.modules.get("torch"), set()
+    if model is not None:
+        if torch is not None and isinstance(model, torch.nn.Module):
+            found.add("torch")
+        elif _keras(model) == "model":
+            found.add("tensorflow")
+        else:
+            raise TypeError(f"model must be a torch.nn.Module or a Keras model, got "
+                            f"{type(model).__name__}")
+    opts = list(optimizer) if isinstance(optimizer, (list, tuple)) else \
+        [] if optimizer is None else [optimizer]
+    if torch is not None and opts and all(isinstance(o, torch.optim.Optimizer) for o in opts):
+        found.add("torch")
+    elif _keras(optimizer) == "optimizer":
+        found.add("tensorflow")
+    elif opts:
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer (or a list of them) or a "
+                        f"Keras optimizer, got {type(optimizer).__name__}: {optimizer!r:.80}")
+    if len(found) > 1:
+        raise TypeError("model and optimizer must both be PyTorch's or both Keras'")
+    return (found.pop() if found else None), opts
+
+
+def _keras(obj) -> str | None:
+    """"model" or "optimizer" for a Keras one, else None (TensorFlow is never imported)."""
+    if obj is None or not {"keras", "tf_keras"} & sys.modules.keys():
+        return None
+    from .tf.finder import keras_kind
+
+    return keras_kind(obj)
+
+
+def _checked(start, maximum, margin, tolerance, steps_per_trial, multiple_of,
+             max_trials) -> dict:
+    """The search's settings, checked (helpers.core.checks: TypeError for the wrong kind,
+    ValueError for a value out of range)."""
+    start = positive_int(start, "start")
+    if maximum is not None and positive_int(maximum, "maximum") < start:
+        raise ValueError(f"maximum ({maximum}) must be at least start ({start})")
+    if real_number(margin, "margin", 0, 0.5) == 0.5:
+        raise ValueError("margin must be a share of memory to leave free, below 0.5 (e.g. "
+                         "0.05 or 0.1); got 0.5")
+    return dict(start=start, maximum=None if maximum is None else int(maximum),
+                margin=float(margin), tolerance=real_number(tolerance, "tolerance", 0, 0.25),
+                steps_per_trial=positive_int(steps_per_trial, "steps_per_trial", 1000),
+                multiple_of=positive_int(multiple_of, "multiple_of"),
+                max_trials=whole_number(max_trials, "max_trials", 2, 1000))
 
 
 # ---------------------------------------------------------------------------- public
@@ -827,8 +575,9 @@ def find_batch_size(step, *, model=None, optimizer=None, start: int = 32,
             step. Its return value is discarded.
         model: the model it trains (``torch.nn.Module`` or Keras model): its parameters,
             buffers and gradients are restored after every trial.
-        optimizer: its optimizer (or a list of torch optimizers): its state (Adam's moments,
-            step counts, learning rates) is restored after every trial.
+        optimizer: its optimizer (a ``torch.optim.Optimizer``, a list of them, or a Keras
+            optimizer): its state (Adam's moments, step counts, learning rates) is restored
+            after every trial.
         start: the first batch size tried (the original lesson starts at 16 or 32).
         maximum: the largest batch size worth having (e.g. the data set's size).
         margin: share of the capacity to leave free (default 0.05: use at most 95 %), for
@@ -853,6 +602,8 @@ def find_batch_size(step, *, model=None, optimizer=None, start: int = 32,
     Raises:
         BatchSizeError: the step does not fit even at batch size 1, or no memory limit is
             known and no ``maximum`` is given.
+        TypeError, ValueError: an argument is of the wrong kind or out of range (the message
+            names it).
         Any error of ``step`` other than out of memory, unchanged (model and optimizer are
         restored first; a note on the error says which trial raised it).
 
@@ -862,98 +613,82 @@ def find_batch_size(step, *, model=None, optimizer=None, start: int = 32,
     """
     if not callable(step):
         raise TypeError(f"step must be a function step(batch_size), got "
-                        f"{type(step).__name__}: {step!r}")
-    framework = _framework_of(model)
-    if framework is not None and step is model:
+                        f"{type(step).__name__}: {step!r:.80}")
+    framework, optimizers = _framework(model, optimizer)
+    if model is not None and step is model:
         raise TypeError("step must be a function step(batch_size) that runs a training step, "
                         "not the model itself")
-    start = whole_number(start, "start", 1)
-    if maximum is not None:
-        maximum = whole_number(maximum, "maximum", 1)
-        if maximum < start:
-            raise ValueError(f"maximum ({maximum}) must be at least start ({start})")
-    if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or \
-            not 0 <= margin < 0.5:
-        raise ValueError(f"margin must be a share of memory to leave free, from 0 up to "
-                         f"(not including) 0.5, e.g. 0.05 or 0.1; got {margin!r}")
-    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real) or \
-            not 0 <= tolerance <= 0.25:
-        raise ValueError(f"tolerance must be a share of the batch size from 0 to 0.25, e.g. "
-                         f"0.01; got {tolerance!r}")
-    steps_per_trial = whole_number(steps_per_trial, "steps_per_trial", 1)
-    multiple_of = whole_number(multiple_of, "multiple_of", 1)
-    max_trials = whole_number(max_trials, "max_trials", 2)
+    settings = _checked(start, maximum, margin, tolerance, steps_per_trial, multiple_of,
+                        max_trials)
     if capacity is not None:
         from .memory.capacity import parse_capacity, resolve_capacity
 
         capacity = resolve_capacity(capacity)[1] if isinstance(capacity, str) \
             else parse_capacity(capacity)
-    if framework is None and optimizer is not None:
-        framework = "torch" if "torch" in sys.modules and isinstance(
-            optimizer, (list, tuple, sys.modules["torch"].optim.Optimizer)) else "tensorflow"
-    optimizers = _optimizer_list(optimizer, framework)
-
-    probe = _probe_for(framework, model, capacity)
-    if capacity is not None:
-        probe.capacity_bytes = capacity
-    if probe.capacity_bytes is None and maximum is None:
+    source, name, known, other, gpu = _device_for(framework, model, capacity)
+    capacity = known if capacity is None else capacity
+    if capacity is None and settings["maximum"] is None:
         raise BatchSizeError(
-            f"nothing limits memory on {probe.name}: no capacity is known and no out-of-memory "
+            f"nothing limits memory on {name}: no capacity is known and no out-of-memory "
             "error will stop a search. Run it inside `with helpers.VirtualGPU(...)`, on a GPU, "
-            "or give capacity=... or maximum=..."
-        )
-    budget = None if probe.capacity_bytes is None else int(
-        probe.capacity_bytes * (1 - margin))
+            "or give capacity=... or maximum=...")
+    if model is None and not optimizers:
+        restore = _nothing
+    elif framework == "tensorflow":
+        from .tf.finder import KerasState
 
-    if framework == "tensorflow" or probe.framework == "tensorflow":
-        state = _KerasState(model, optimizers[0] if optimizers else None) \
-            if model is not None or optimizers else _NoState()
-    elif model is not None or optimizers:
-        state = _TorchState(model, optimizers, probe)
+        restore = KerasState(model, optimizers[0] if optimizers else None).restore
     else:
-        state = _NoState()
-
-    if model is not None and framework == "torch":
-        try:
-            probe.adopt([model, *optimizers])
-        except BaseException as exc:
-            if not is_oom_error(exc):
-                raise
-            text = _first_line(exc)
-            traceback.clear_frames(exc.__traceback__)
-            raise BatchSizeError(f"the model and optimizer alone do not fit on {probe.name}: "
-                                 f"{text}") from None
-    probe.warm_up()  # the baseline includes cuBLAS's workspaces: the steps would add them
-    gc.collect()
-    probe.empty_cache()
-    search = _Search(step, probe, state, start=start, maximum=maximum, budget=budget,
-                     multiple_of=multiple_of, tolerance=float(tolerance), steps=steps_per_trial,
-                     max_trials=max_trials)
+        restore = _State(model, optimizers, gpu).restore
+        if model is not None and gpu is not None:
+            _adopt(gpu, name, [model, *optimizers])
+    if isinstance(source, CudaSource):
+        warm_up_cuda(source.device)  # the baseline includes cuBLAS's workspaces
+    release_after_error(None, source.empty_cache)
+    search = _Search(step, (source, name, capacity, other, gpu), restore, **settings)
     try:
         stopped = search.run()
     except BaseException as exc:
-        n = len(search.trials) + 1
-        exc.add_note(f"find_batch_size: raised by step() in trial {n}; only out-of-memory "
-                     "errors are part of the search, so it stopped (model and optimizer "
-                     "were restored).")
+        exc.add_note(f"find_batch_size: raised by step() in trial {len(search.trials) + 1}; "
+                     "only out-of-memory errors are part of the search, so it stopped (model "
+                     "and optimizer were restored).")
         raise
     finally:
-        state.restore()
+        restore()
         search.release(False)
-    baseline, after = search.baseline, probe.allocated()
+    return _result(search, stopped)
 
-    lo = search.lo()
+
+def _nothing() -> None:
+    pass
+
+
+def _adopt(gpu, name: str, objs) -> None:
+    """Count the model and optimizer on the virtual GPU (made before its `with` block, they are
+    on the GPU as far as the search is concerned); BatchSizeError if they alone do not fit."""
+    try:
+        gpu.track(*objs)
+    except BaseException as exc:
+        if not is_oom_error(exc):
+            raise
+        text = _first_line(exc)
+        traceback.clear_frames(exc.__traceback__)
+        raise BatchSizeError(f"the model and optimizer alone do not fit on {name}: "
+                             f"{text}") from None
+
+
+def _result(search: _Search, stopped: str) -> BatchSizeResult:
+    """The result of a finished search (BatchSizeError if nothing fitted)."""
+    lo, after = search.lo(), _read(search.source)
     if lo is None:
         errors = [t.error for t in search.trials if t.error]
-        why = errors[-1] if errors else "over the memory budget"
         raise BatchSizeError(
-            f"the step does not fit on {probe.name} even at batch size 1 ({why}). The "
-            "model, its gradients and optimizer state need too much memory by themselves: "
-            "use mixed precision, gradient checkpointing, a smaller model or more memory."
-        )
-    chosen = lo.batch_size
-    notes = []
-    if budget is None:
+            f"the step does not fit on {search.name} even at batch size 1 "
+            f"({errors[-1] if errors else 'over the memory budget'}). The model, its gradients "
+            "and optimizer state need too much memory by themselves: use mixed precision, "
+            "gradient checkpointing, a smaller model or more memory.")
+    chosen, notes, margin = lo.batch_size, [], search.margin
+    if search.budget is None:
         chosen = max(1, search.snap(int(chosen * (1 - margin))))
         if margin:
             notes.append(f"no memory capacity known: the margin ({margin:.0%}) was taken off "
@@ -961,18 +696,15 @@ def find_batch_size(step, *, model=None, optimizer=None, start: int = 32,
     if stopped.startswith("stopped after"):
         notes.append(f"the search did not close: {stopped}; {chosen} is the largest size "
                      "that fitted")
-    if probe.fake:
+    if search.fake:
         notes.append("fake tensors: memory is exact, nothing was computed (no samples/s)")
-    line = search.line()
-    result = BatchSizeResult(
-        batch_size=chosen, trials=search.trials, device=probe.name,
-        capacity_bytes=probe.capacity_bytes, budget_bytes=budget, margin=float(margin),
-        multiple_of=multiple_of, maximum=maximum, steps_per_trial=steps_per_trial,
-        stopped=stopped, baseline_bytes=baseline, after_bytes=after,
-        fixed_bytes=None if line is None else line[0],
-        bytes_per_sample=None if line is None else line[1], notes=notes,
-    )
-    return result
+    fixed, per_sample = search.line() or (None, None)
+    return BatchSizeResult(
+        batch_size=chosen, trials=search.trials, device=search.name,
+        capacity_bytes=search.capacity, budget_bytes=search.budget, margin=margin,
+        multiple_of=search.m, maximum=search.maximum, steps_per_trial=search.steps,
+        stopped=stopped, baseline_bytes=search.baseline, after_bytes=after,
+        fixed_bytes=fixed, bytes_per_sample=per_sample, notes=notes)
 
 
 # ---------------------------------------------------------------------------- plot
@@ -981,60 +713,51 @@ def _plot(result: BatchSizeResult, ax=None, *, unit=None, title=None):
 
     if unit not in (None, "MiB", "GiB"):
         raise ValueError(f"unit must be 'MiB', 'GiB' or None, got {unit!r}")
-    peaks = [t.peak_bytes for t in result.trials if t.peak_bytes is not None]
-    top = max(peaks + [result.capacity_bytes or 0]) or 1
-    if unit is None:
-        unit = "GiB" if top >= 2 * 1024**3 else "MiB"
+    cap, trials = result.capacity_bytes, result.trials
+    top = max([t.peak_bytes for t in trials if t.peak_bytes is not None] + [cap or 0]) or 1
+    unit = unit or ("GiB" if top >= 2 * 1024**3 else "MiB")
     scale = 1024**3 if unit == "GiB" else 1024**2
     if ax is None:
         fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=80)
         plt.close(fig)  # returned and displayed once, never by pyplot again
-    fig = ax.figure
-    sizes = [t.batch_size for t in result.trials]
-    xmax = max(sizes) * 1.08
-    cap = result.capacity_bytes
+    xmax = max(t.batch_size for t in trials) * 1.08
     if cap is not None:
         ax.axhline(cap / scale, color="red", lw=1.2, label=f"capacity ({fmt_bytes(cap)})")
     if result.budget_bytes is not None and result.margin:
         ax.axhline(result.budget_bytes / scale, color="red", lw=1, ls="--",
                    label=f"budget ({1 - result.margin:.0%})")
     if result.bytes_per_sample is not None:
-        xs = [0, xmax]
-        ax.plot(xs, [(result.fixed_bytes + result.bytes_per_sample * x) / scale for x in xs],
-                color="grey", lw=1, ls=":", label="fitted line")
-    ok = [t for t in result.trials if t.fits and t.peak_bytes is not None]
-    ax.plot([t.batch_size for t in ok], [t.peak_bytes / scale for t in ok], "o",
-            color="#4c72b0", label="fits")
-    bad = [t for t in result.trials if not t.fits]
+        ax.plot([0, xmax], [(result.fixed_bytes + result.bytes_per_sample * x) / scale
+                            for x in (0, xmax)], color="grey", lw=1, ls=":", label="fitted line")
+
+    def y(t):  # a trial without a peak (out of memory) is drawn at the capacity
+        return (t.peak_bytes if t.peak_bytes is not None else (cap or top)) / scale
+
+    ok = [t for t in trials if t.fits and t.peak_bytes is not None]
+    ax.plot([t.batch_size for t in ok], [y(t) for t in ok], "o", color="#4c72b0", label="fits")
+    bad = [t for t in trials if not t.fits]
     if bad:
-        ys = [(t.peak_bytes if t.peak_bytes is not None else (cap or top)) / scale
-              for t in bad]
-        ax.plot([t.batch_size for t in bad], ys, "x", color="#c44e52", ms=8, mew=2,
-                label="does not fit")
-    for i, t in enumerate(result.trials, 1):
-        y = (t.peak_bytes if t.peak_bytes is not None else (cap or top)) / scale
-        ax.annotate(str(i), (t.batch_size, y), textcoords="offset points", xytext=(3, 4),
+        ax.plot([t.batch_size for t in bad], [y(t) for t in bad], "x", color="#c44e52", ms=8,
+                mew=2, label="does not fit")
+    for i, t in enumerate(trials, 1):
+        ax.annotate(str(i), (t.batch_size, y(t)), textcoords="offset points", xytext=(3, 4),
                     fontsize=7)
     ax.axvline(result.batch_size, color="green", lw=1, label=f"chosen: {result.batch_size}")
-    ax.set_xlim(0, xmax)
-    ax.set_ylim(0, top / scale * 1.12)
-    ax.set_xlabel("batch size")
-    ax.set_ylabel(f"peak memory ({unit})")
-    rated = sorted((t for t in result.trials if t.samples_per_s is not None),
-                   key=lambda t: t.batch_size)
+    ax.set(xlim=(0, xmax), ylim=(0, top / scale * 1.12), xlabel="batch size",
+           ylabel=f"peak memory ({unit})")
+    rated = sorted((t for t in trials if t.samples_per_s is not None), key=lambda t: t.batch_size)
     handles, labels = ax.get_legend_handles_labels()
     if rated:
         ax2 = ax.twinx()
         ax2.plot([t.batch_size for t in rated], [t.samples_per_s for t in rated], "s-",
                  color="#dd8452", ms=4, lw=1, label="samples/s (measured)")
-        ax2.set_ylabel("samples/s (measured)")
-        ax2.set_ylim(0, max(t.samples_per_s for t in rated) * 1.15)
+        ax2.set(ylabel="samples/s (measured)",
+                ylim=(0, max(t.samples_per_s for t in rated) * 1.15))
         h2, l2 = ax2.get_legend_handles_labels()
         handles, labels = handles + h2, labels + l2
     ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4,
               fontsize=8, frameon=False)
-    ax.set_title(title if title is not None else
-                 f"Batch-size search on {result.device}: {result.n_trials} trials -> "
-                 f"{result.batch_size}", fontsize=10)
-    fig.tight_layout()
-    return fig
+    ax.set_title(title if title is not None else f"Batch-size search on {result.device}: "
+                 f"{result.n_trials} trials -> {result.batch_size}", fontsize=10)
+    ax.figure.tight_layout()
+    return ax.figure

@@ -15,7 +15,9 @@ import torch
 from torch import nn
 
 import helpers
+from helpers import batch_size as bs
 from helpers.batch_size import BatchSizeError, is_oom_error
+from helpers.memory.errors import warm_up_cuda
 
 MiB = 2**20
 
@@ -367,7 +369,11 @@ def test_halves_from_a_start_that_does_not_fit():
     ({"start": 64, "maximum": 32}, ValueError, r"maximum \(32\) must be at least start"),
     ({"margin": 0.5}, ValueError, "margin"),
     ({"margin": -0.1}, ValueError, "margin"),
-    ({"margin": "5%"}, ValueError, "margin"),
+    ({"margin": "5%"}, TypeError, "margin must be a number"),
+    ({"margin": float("nan")}, ValueError, "margin must be a finite number"),
+    ({"tolerance": True}, TypeError, "tolerance must be a number"),
+    ({"steps_per_trial": 10**18}, ValueError, "steps_per_trial must be at most"),
+    ({"max_trials": 10**6}, ValueError, "max_trials must be at most"),
     ({"steps_per_trial": 0}, ValueError, "steps_per_trial"),
     ({"multiple_of": 0}, ValueError, "multiple_of"),
     ({"tolerance": 0.5}, ValueError, "tolerance"),
@@ -508,7 +514,7 @@ class FakeCuda:
         for name, fn in patches.items():
             monkeypatch.setattr(c, name, fn)
         # the finder's cuBLAS warm-up runs its matmuls on the CPU here
-        monkeypatch.setattr("helpers.batch_size._CudaProbe.device_type", "cpu", raising=False)
+        monkeypatch.setattr(bs, "warm_up_cuda", lambda device: warm_up_cuda("cpu"))
 
     def _reset(self, i=None):
         self.peak_alloc, self.peak_reserved = self.allocated, self.reserved
