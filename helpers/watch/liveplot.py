@@ -602,7 +602,8 @@ class LivePlot(LiveView):
             batch_size: the batch size given to ``fit`` (for samples/s).
 
         Keras reports the loss as the running mean over the epoch so far, so the curve is
-        smoother than a PyTorch per-step loss.
+        smoother than a PyTorch per-step loss.  Import keras before asking for the callback
+        (this module never imports it).
         """
         return _keras_callback_class()(self, positive_int(batch_size, "batch_size"))
 
@@ -612,7 +613,9 @@ _keras_class: list = []
 
 def _keras_callback_class():
     if not _keras_class:
-        import keras
+        keras = sys.modules.get("keras")  # the learner's, already imported (never here)
+        if keras is None:
+            raise RuntimeError("keras_callback() is for Keras' model.fit: import keras first")
 
         class LivePlotCallback(keras.callbacks.Callback):
             """Sends each training batch's loss to a :class:`LivePlot`."""
