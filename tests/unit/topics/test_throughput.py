@@ -416,3 +416,20 @@ def test_tables_of_measured_numbers_compare_equal_after_the_notebook_sanitizer()
     narrow, wide = sanitized([1.0, 0.5, 0.4]), sanitized([1.0, 0.001, 0.00001])
     assert narrow == wide
     assert "~N samples/s<pad>~Nx" in narrow and "\n---<pad>---" in narrow
+
+
+def test_live_step_timer_is_one_widget_updated_in_place(clock, no_nvml, monkeypatch):
+    from helpers.watch import base
+
+    monkeypatch.setattr(base, "headless", lambda: False)
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *a, **k: shown.append(a))
+    timer = StepTimer(min_interval=0.1)
+    assert len(shown) == 1 and shown[0][0] is timer
+    assert "gl-steptimer-widget" in timer.widget()._dom_classes
+    for _ in timer.wrap(SlowIterable(clock, [0.1] * 5)):
+        clock.advance(0.1)
+        timer.step(samples=2)
+    timer.close()
+    assert len(shown) == 1 and timer.updates >= 2
+    assert "5 steps" in timer.widget().value and "data wait 50%" in timer.widget().value

@@ -329,3 +329,31 @@ def test_keras_callback_records_every_batch():
     assert plot.history["samples"] == [32] * 6
     with pytest.raises(ValueError, match="batch_size"):
         plot.keras_callback(batch_size=0)
+
+
+def test_without_ipywidgets_a_display_handle_is_updated_in_place(monkeypatch):
+    monkeypatch.setattr(base, "headless", lambda: False)
+    monkeypatch.setitem(__import__("sys").modules, "ipywidgets", None)  # not installed
+    handles = []
+
+    class Handle:
+        def __init__(self, bundle):
+            self.bundles = [bundle]
+
+        def update(self, bundle, raw=False):
+            self.bundles.append(bundle)
+
+    def display(bundle, raw=False, display_id=False):
+        handles.append(Handle(bundle))
+        return handles[-1]
+
+    monkeypatch.setattr("IPython.display.display", display)
+    plot = LivePlot("no widgets", gauge=False, min_interval=0.1)
+    for i in range(20):
+        plot.step(loss=1.0 / (i + 1), samples=4)
+    plot.close()
+    assert len(handles) == 1  # one output, replaced in place
+    frames = handles[0].bundles
+    assert 'data-state="waiting"' in frames[0]["text/html"]
+    assert 'data-state="done"' in frames[-1]["text/html"]
+    assert frames[-1]["text/plain"].startswith("LivePlot: 20 steps")
