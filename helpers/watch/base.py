@@ -59,7 +59,8 @@ def png_bytes(fig) -> bytes:
 
 # -------------------------------------------------------------------------------- pollers
 class _Poller(threading.Thread):
-    """Calls ``view.update()`` every ``interval`` seconds until its view is taken away."""
+    """Calls ``view.update()`` every ``interval`` seconds until its view is taken away (a
+    new view of its kind takes it over instead of starting another thread)."""
 
     def __init__(self, kind: str, view, interval: float):
         super().__init__(name=f"helpers-{kind}-poller", daemon=True)
@@ -76,7 +77,7 @@ class _Poller(threading.Thread):
                         del _pollers[self.kind]
                     return
             try:
-                view._tick()  # throttled like any update: a slow front end slows the poller
+                view.update()  # throttled like any update: a slow front end slows the poller
             except Exception:  # noqa: BLE001 - a poller must never die noisily
                 pass
 
