@@ -419,6 +419,34 @@ def _counts(run: _Run) -> dict:
                 effective_batch=round(run.samples / run.updates))
 
 
+def _fit(attempt, first, second, *, label: str, batch_size: int, release) -> dict:
+    """``attempt(first)``: the run on the card; if it runs out of memory, ``attempt(second)``
+    on a larger one measures what the step needs.  ``attempt`` returns ``(run, peak)``."""
+    try:
+        run, peak = attempt(first)
+    except Exception as exc:  # cuBLAS/cuDNN allocation failures are not OutOfMemoryError
+        if not is_oom_error(exc):
+            raise
+        oom, failed = str(exc), exc
+    else:
+        return dict(source=label, fits=True, oom=None, needed_bytes=None, peak_bytes=peak,
+                    losses=run.losses, **_counts(run))
+    # The failed run's frames (its model, optimizer state and activations, held by the
+    # traceback) must go and their cached blocks be given back, or the larger run's
+    # reserved peak would start above them and inflate what the step needs.
+    release(failed)
+    try:
+        run, needed = attempt(second)
+    except Exception as exc:
+        if not is_oom_error(exc):
+            raise
+        release(exc)
+        return dict(source=label, fits=False, oom=oom, needed_bytes=None, peak_bytes=None,
+                    micro_batch=batch_size, effective_batch=batch_size, updates=0)
+    return dict(source=label, fits=False, oom=oom, needed_bytes=needed, peak_bytes=None,
+                losses=run.losses, **_counts(run))
+
+
 def _full_scale_virtual(make_step, *, batch_size, model_factory, opt_factory, capacity,
                         card) -> dict:
     from .memory.virtual import VirtualGPU
@@ -431,27 +459,11 @@ def _full_scale_virtual(make_step, *, batch_size, model_factory, opt_factory, ca
                              n_classes=1000, device=gpu.device_type, min_updates=2,
                              max_calls=64, read_losses=False)
             del net, opt
-        return gpu, run
+        return run, gpu.context_bytes + gpu.peak_reserved_bytes
 
-    source = f"virtual {card}, fake tensors, CUDA allocator rounding, {CONTEXT} context"
-    oom = None
-    try:
-        gpu, run = attempt(capacity)
-    except torch.OutOfMemoryError as exc:
-        oom = str(exc)
-    if oom is None:
-        return dict(source=source, fits=True, oom=None, needed_bytes=None,
-                    peak_bytes=gpu.context_bytes + gpu.peak_reserved_bytes,
-                    **_counts(run))
-    release_after_error(None)
-    try:
-        big, run = attempt(max(parse_capacity(_UNLIMITED), 2 * capacity))
-        needed = big.context_bytes + big.peak_reserved_bytes
-    except torch.OutOfMemoryError:
-        return dict(source=source, fits=False, oom=oom, needed_bytes=None, peak_bytes=None,
-                    micro_batch=batch_size, effective_batch=batch_size, updates=0)
-    return dict(source=source, fits=False, oom=oom, needed_bytes=needed, peak_bytes=None,
-                **_counts(run))
+    return _fit(attempt, capacity, max(parse_capacity(_UNLIMITED), 2 * capacity),
+                label=f"virtual {card}, fake tensors, CUDA allocator rounding, {CONTEXT} "
+                      "context", batch_size=batch_size, release=release_after_error)
 
 
 @contextlib.contextmanager
@@ -485,36 +497,11 @@ def _full_scale_cuda(make_step, *, device, batch_size, model_factory, opt_factor
             del net, opt
         return run, outside + source.peak_reserved()
 
-    label = (f"{torch.cuda.get_device_name(device)}, real allocator capped to the {card}'s "
-             f"{fmt_bytes(capacity)}")
-    oom = None
-    failed = None
-    try:
-        run, peak = attempt(budget / total)
-    except Exception as exc:  # cuBLAS/cuDNN allocation failures are not OutOfMemoryError
-        if not is_oom_error(exc):
-            raise
-        oom, failed = str(exc), exc
-    if oom is None:
-        return dict(source=label, fits=True, oom=None, needed_bytes=None, peak_bytes=peak,
-                    losses=run.losses, **_counts(run))
-    # The failed run's frames (its model, optimizer state and activations, held by the
-    # traceback) must go and their cached blocks be given back, or the uncapped run's
-    # reserved peak would start above them and inflate what the step needs.
-    release_after_error(failed, source.empty_cache)
-    failed = None
-    try:
-        run, needed = attempt(1.0)
-    except Exception as exc:
-        if not is_oom_error(exc):
-            raise
-        failed = exc
-    if failed is not None:
-        release_after_error(failed, source.empty_cache)
-        return dict(source=label, fits=False, oom=oom, needed_bytes=None, peak_bytes=None,
-                    micro_batch=batch_size, effective_batch=batch_size, updates=0)
-    return dict(source=label, fits=False, oom=oom, needed_bytes=needed, peak_bytes=None,
-                losses=run.losses, **_counts(run))
+    return _fit(attempt, budget / total, 1.0,
+                label=f"{torch.cuda.get_device_name(device)}, real allocator capped to the "
+                      f"{card}'s {fmt_bytes(capacity)}",
+                batch_size=batch_size,
+                release=lambda exc: release_after_error(exc, source.empty_cache))
 
 
 def _small_scale(make_step, *, device, steps, batch_size, model_factory, opt_factory) -> _Run:

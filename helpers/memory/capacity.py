@@ -24,8 +24,7 @@ import re
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from types import MappingProxyType
 
-from ..core.checks import LARGEST
-from ..core.checks import _short as shown  # noqa: PLC2701 - until core makes it public
+from ..core.checks import LARGEST, shown
 
 __all__ = ["KNOWN_GPUS", "GPU_NOTES", "COMPUTE_CAPABILITY", "PINNED_TORCH_NEEDS",
            "pinned_torch_runs_on", "parse_capacity", "resolve_capacity", "card_name"]

@@ -12,7 +12,7 @@ import html
 import io
 from dataclasses import dataclass, field
 
-from ..core.fmt import Table, fmt_bytes
+from ..core.fmt import ShownAsTable, Table, fmt_bytes
 
 __all__ = ["MemoryReport", "StepMemory", "Timeline", "CudaStats", "CATEGORIES", "PHASES"]
 
@@ -117,8 +117,8 @@ class StepMemory:
         return f"{PHASE_TITLES[self.peak_phase]}, at {place}"
 
 
-@dataclass
-class MemoryReport:
+@dataclass(repr=False)
+class MemoryReport(ShownAsTable):
     """Memory of a measured training step (``helpers.measure_step``).
 
     Exact bytes of live tensor storages, counted by the engine.  ``at_peak`` splits the peak
@@ -247,13 +247,7 @@ class MemoryReport:
     def text(self) -> str:
         return "\n".join(self._header() + [self.table().text()] + self._footer())
 
-    def __str__(self) -> str:
-        return self.text()
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_html_(self) -> str:
+    def _html(self) -> str:
         head = "<br>".join(html.escape(line) for line in self._header())
         foot = "<br>".join(html.escape(line) for line in self._footer())
         return f"<div><p>{head}</p>{self.table()._repr_html_()}<p>{foot}</p></div>"

@@ -242,6 +242,11 @@ class ProcessRamSource(MemorySource):
         vm = self.psutil.virtual_memory()
         return int(vm.total - vm.available)
 
+    def outside(self) -> int:
+        """RAM other processes and the kernel use (in use on the machine, less this RSS)."""
+        used = self.device_used()
+        return 0 if used is None else max(0, used - self.read())
+
 
 class NvmlSource(MemorySource):
     """GPU ``index`` as NVML (nvidia-smi) sees it: used bytes of the whole device, every

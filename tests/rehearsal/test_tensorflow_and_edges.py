@@ -13,11 +13,11 @@ import torch
 
 import helpers
 from helpers import batch_size as bs
-from helpers.core import environment
 from helpers.core.fake_nvml import FakeGpu, FakeNvml
 from helpers.core.gpu_visibility import gpu_visibility
 from helpers.memory.cuda_standin import SimulatedCuda
 from helpers.tf import keras as memory_keras
+from helpers.tf import runtime as tf_runtime
 from helpers.watch import gauge
 
 from .test_timing_and_memory_paths import _check_real
@@ -37,14 +37,14 @@ def _no_pollers():
 def test_tensorflow_gpu_choices(fake_tf):
     assert helpers.keras_mixed_policy() == "mixed_float16"
     assert memory_keras._device(None) == "GPU:0"
-    assert environment._tf_memory_growth(fake_tf) == "grow on demand on 1 GPU(s)"
+    assert tf_runtime.memory_growth(fake_tf) == "grow on demand on 1 GPU(s)"
     assert fake_tf.growth == ["/physical_device:GPU:0"]
 
     def refuse(device, enable):
         raise RuntimeError("Physical devices cannot be modified after being initialized")
 
     fake_tf.config.experimental.set_memory_growth = refuse
-    assert environment._tf_memory_growth(fake_tf).startswith("already initialised")
+    assert tf_runtime.memory_growth(fake_tf).startswith("already initialised")
 
 
 def test_device_report_lists_tensorflows_gpu(fake_tf):
@@ -55,10 +55,10 @@ def test_device_report_lists_tensorflows_gpu(fake_tf):
 
 def test_batch_size_probe_for_tensorflow_on_a_gpu_reads_nvml(fake_tf):
     with FakeNvml(FakeGpu(total_bytes=24 * GiB, used_bytes=2 * GiB)):
-        probe = bs._probe_for("tensorflow", None, None)
-    assert probe.name == "TensorFlow GPU:0" and probe.stats
+        source, name, capacity, other, _ = bs._device_for("tensorflow", None, None)
+    assert name == "TensorFlow GPU:0" and source.available
     # the card's total from NVML; what TF does not hold counts as other
-    assert probe.capacity_bytes == 24 * GiB and probe.other == 2 * GiB - 256 * MiB
+    assert capacity == 24 * GiB and other == 2 * GiB - 256 * MiB
 
 
 def test_gauge_adds_tensorflows_tensors(cuda, fake_tf):
@@ -153,9 +153,9 @@ def test_cuda_probe_plans_against_the_capped_share():
     with SimulatedCuda("80GB") as sim:
         sim.set_memory(0, reserved=GiB, other=2 * GiB)
         torch.cuda.set_per_process_memory_fraction(0.5)
-        probe = bs._CudaProbe(0)
-    assert probe.other == 2 * GiB and probe.capacity_bytes == 2 * GiB + 40 * 10**9
-    assert probe.name == "cuda:0 (NVIDIA simulated GPU)"
+        _, name, capacity, other, _ = bs._device_for("torch", None, None)
+    assert other == 2 * GiB and capacity == 2 * GiB + 40 * 10**9
+    assert name == "cuda:0 (NVIDIA simulated GPU)"
 
 
 def test_real_gpu_check_skips_when_other_processes_fill_the_card(monkeypatch):

@@ -1,4 +1,4 @@
-"""CPU reproductions of bugs that only show on a CUDA machine (issue 14, section 1).
+"""CPU reproductions of bugs that only show on a CUDA machine.
 
 Each test imitates the one fact of a GPU machine that triggers its bug: ``pick_device()``
 answering a non-CPU device (``meta`` stands in for ``cuda``), ``torch.cuda`` functions

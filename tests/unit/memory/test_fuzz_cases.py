@@ -1,4 +1,5 @@
-"""The fuzz report's cases in the memory layer (issue 15), one test each."""
+"""Inputs that once hung, leaked or escaped with an unclear error, one test each (the case
+numbers are those of the fuzzing pass over the public API)."""
 
 from __future__ import annotations
 

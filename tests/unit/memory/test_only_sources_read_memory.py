@@ -1,4 +1,4 @@
-"""Only helpers/memory/sources.py reads memory counters (issue 15).
+"""Only helpers/memory/sources.py reads memory counters.
 
 Every "how much memory is in use" question goes through a ``helpers.memory.sources``
 source, so there is one place that knows how each counter behaves (CUDA's caching

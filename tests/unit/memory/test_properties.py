@@ -1,4 +1,4 @@
-"""Property tests for the memory layer's parsers, constructors and reports (issue 15): every
+"""Property tests for the memory layer's parsers, constructors and reports: every
 valid input works, every bad one raises only ValueError or TypeError naming the argument."""
 
 from __future__ import annotations

@@ -58,6 +58,7 @@ def test_process_ram_source():
     assert source.read() > 0 and source.total > 0
     assert source.peak() is None and source.reserved() is None
     assert 0 < source.device_used() <= source.total
+    assert 0 <= source.outside() <= source.device_used()
     source.reset()
     source.empty_cache()  # no-ops
 
