@@ -266,7 +266,7 @@ class StepTimer(LiveView):
             if rates is not None:
                 self.util.append((len(self.wait_s) - 1, rates[0]))
             self._next_util = now + 0.2
-        if self._widget is not None and now >= self._next:
+        if self._live and now >= self._next:
             self._tick()
         self._last_end = time.perf_counter()
 

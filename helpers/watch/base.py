@@ -181,6 +181,11 @@ class LiveView:
             self._widget.add_class(f"gl-{self.kind}-widget")
         return self._widget
 
+    @property
+    def _live(self) -> bool:
+        """True once shown in a live notebook: a widget or a display handle to update."""
+        return self._widget is not None or self._handle is not None
+
     def _shown(self):
         if self._box is None and self.widget() is not None:
             self._box = self._container(self._widget)
@@ -230,7 +235,7 @@ class LiveView:
         with self._lock:
             c0 = clock()
             self._refresh()
-            frame = self._frame() if self._widget is not None or self._handle else None
+            frame = self._frame() if self._live else None
             if self._widget is not None:
                 self._widget.value = frame
             elif self._handle is not None:
@@ -270,8 +275,8 @@ class LiveView:
         if not self.closed:
             self.closed = True
             self.stop()
-            live = self._widget is not None or self._handle is not None
             main = threading.current_thread() is threading.main_thread()
+            live = self._live
             if live and main:
                 self._tick()
             caption = self._figure_caption()

@@ -288,8 +288,7 @@ class LivePlot(LiveView):
             if len(self._steps) == 1:  # training starts: the budget counts from here
                 self._start, self._spent = t0, 0.0
                 self._schedule(t0)
-            elif (self._widget is not None or self._handle is not None) and (
-                    threading.current_thread() is threading.main_thread()):
+            elif self._live and threading.current_thread() is threading.main_thread():
                 self._tick()
         self._busy += time.perf_counter() - t0
 
