@@ -19,9 +19,12 @@ Where the numbers come from, first match wins (a reading always names its source
    ``torch.cuda`` and TensorFlow statistics when those frameworks are already in use;
 3. otherwise this process's resident memory (RSS) against the machine's RAM, via psutil.
 
-Nothing here imports torch or TensorFlow: their statistics are read only if the notebook
-already imported them, and never in a way that would start a CUDA context.  A missing
-driver, library or widget front end gives plain text, never a traceback.
+Every number is read through a :mod:`helpers.memory.sources` source (``VirtualGpuSource``,
+``NvmlSource``, ``CudaSource``, ``TensorFlowSource``, ``ProcessRamSource``); this module
+arranges them into bands.  Nothing here imports torch or TensorFlow: their statistics are
+read only if the notebook already imported them, and never in a way that would start a CUDA
+context or TensorFlow's runtime.  A missing driver, library (psutil included) or widget
+front end gives plain text, never a traceback.  The views share :mod:`helpers.watch.base`.
 """
 
 from __future__ import annotations
