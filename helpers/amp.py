@@ -52,8 +52,8 @@ def short_name(dtype) -> str:
     return _SHORT.get(dtype, str(dtype).removeprefix("torch."))
 
 
-@dataclass(frozen=True)
-class AmpSettings:
+@dataclass(frozen=True, repr=False)
+class AmpSettings(ShownAsTable):
     """How to run mixed precision on one kind of device.
 
     ``dtype`` is what autocast computes in, ``use_scaler`` whether gradients need loss
@@ -81,9 +81,6 @@ class AmpSettings:
     def text(self) -> str:
         scaler = "GradScaler needed" if self.use_scaler else "no GradScaler needed"
         return f"{self.device_type}: autocast to {self.name} ({scaler}): {self.reason}"
-
-    def __repr__(self) -> str:
-        return self.text()
 
 
 def amp_settings(device=None, dtype=None) -> AmpSettings:
@@ -141,8 +138,8 @@ def _float_dtypes(obj, out: list) -> None:
             _float_dtypes(x, out)
 
 
-@dataclass(frozen=True)
-class DtypeTrace:
+@dataclass(frozen=True, repr=False)
+class DtypeTrace(ShownAsTable):
     """What :func:`trace_dtypes` saw: one row per (operation, input dtypes, output dtype)."""
 
     rows: tuple[OpDtypes, ...]
@@ -172,10 +169,7 @@ class DtypeTrace:
     def text(self) -> str:
         return f"{self.table().text()}\ncasts between dtypes: {self.casts}"
 
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_html_(self) -> str:
+    def _html(self) -> str:
         return f"{self.table()._repr_html_()}<p>casts between dtypes: {self.casts}</p>"
 
 
@@ -293,8 +287,16 @@ def compare_memory(reports: Mapping, baseline: str | None = None) -> MemoryCompa
 
 
 # ------------------------------------------------------------------------------ recorded
-def _present(rows, key) -> list[str]:
-    return [p for p in ("fp32", "bf16", "fp16") if any(p in row[key] for row in rows)]
+def _by_precision(rows, key, fmt, what, ratio, versus, title) -> Table:
+    """One row per (model, batch): ``row[key]`` by precision, then each one against fp32."""
+    names = [p for p in ("fp32", "bf16", "fp16") if any(p in row[key] for row in rows)]
+    others = [p for p in names if p != "fp32"]
+    body = [[row["model"], row["batch"],
+             *(fmt(row[key][p]) if p in row[key] else "-" for p in names),
+             *(ratio(row[key], p) if p in row[key] and row[key].get("fp32") else "-"
+               for p in others)] for row in rows]
+    return Table(["model", "batch", *(f"{p} {what}" for p in names),
+                  *(f"{p}{versus}" for p in others)], body, title=title)
 
 
 def recorded_tables(recorded) -> list[Table]:
@@ -312,35 +314,16 @@ def recorded_tables(recorded) -> list[Table]:
         raise TypeError("recorded must be helpers.recorded_gpu_results('amp') or its data "
                         f"dict, got {type(recorded).__name__}")
     tables = []
-    memory = data.get("memory") or []
-    if memory:
-        names = _present(memory, "peak_bytes")
-        others = [p for p in names if p != "fp32"]
-        rows = []
-        for row in memory:
-            peaks = row["peak_bytes"]
-            base = peaks.get("fp32")
-            rows.append([row["model"], row["batch"],
-                         *(fmt_bytes(peaks[p]) if p in peaks else "-" for p in names),
-                         *(fmt_ratio(peaks[p] / base, measured=False) if p in peaks and base
-                           else "-" for p in others)])
-        tables.append(Table(["model", "batch", *(f"{p} peak" for p in names),
-                             *(f"{p}/fp32" for p in others)], rows,
-                            title="GPU memory, 2 Adam steps (max_memory_allocated)"))
-    speed = data.get("speed") or []
-    if speed:
-        names = _present(speed, "seconds")
-        others = [p for p in names if p != "fp32"]
-        rows = []
-        for row in speed:
-            secs = row["seconds"]
-            rows.append([row["model"], row["batch"],
-                         *(fmt_in_unit(secs[p]) if p in secs else "-" for p in names),
-                         *(fmt_ratio(secs["fp32"] / secs[p]) if p in secs and "fp32" in secs
-                           else "-" for p in others)])
-        tables.append(Table(["model", "batch", *(f"{p} step" for p in names),
-                             *(f"{p} speed-up" for p in others)], rows,
-                            title="GPU time per training step (best of interleaved rounds)"))
+    if data.get("memory"):
+        tables.append(_by_precision(
+            data["memory"], "peak_bytes", fmt_bytes, "peak",
+            lambda v, p: fmt_ratio(v[p] / v["fp32"], measured=False), "/fp32",
+            "GPU memory, 2 Adam steps (max_memory_allocated)"))
+    if data.get("speed"):
+        tables.append(_by_precision(
+            data["speed"], "seconds", fmt_in_unit, "step",
+            lambda v, p: fmt_ratio(v["fp32"] / v[p]), " speed-up",
+            "GPU time per training step (best of interleaved rounds)"))
     keras = data.get("keras") or {}
     if keras.get("seconds"):
         secs = keras["seconds"]

@@ -354,7 +354,7 @@ class Engine(TorchDispatchMode):
                         if self._pending is not None:
                             return
             if changed and recorder is not None:
-                recorder.point(func)
+                recorder.mark(func)
             return
         allocated = False
         label = None
@@ -372,7 +372,7 @@ class Engine(TorchDispatchMode):
                 return
             allocated = True
         if allocated and recorder is not None:
-            recorder.point(func)
+            recorder.mark(func)
 
     def _scan_inputs(self, args, kwargs, recorder) -> None:
         for t in (_flat_tensors(args, kwargs) if kwargs else _flat_tensors(args)):
@@ -713,15 +713,10 @@ class Recorder:
         if self.dirty:
             self.mark(func)
 
-    def point(self, func) -> None:
-        self._add_point(func)
-        self.dirty = False
-
     def mark(self, what) -> None:
-        self._add_point(what)
+        """A point on the timeline after ``what`` (an operation, or a label such as
+        ``"start"``)."""
         self.dirty = False
-
-    def _add_point(self, what) -> None:
         phase = self.phase()
         if phase == "backward" and self.last_phase != "backward":
             self._enter_backward()

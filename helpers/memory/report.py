@@ -43,6 +43,13 @@ _PHASE_SHADES = {"forward": "#e8f0fb", "backward": "#fdeee4", "optimizer": "#e9f
                  "other": "#f4f4f4"}
 
 
+def category_bytes(category: str) -> property:
+    """A read-only property: the largest size of ``category`` (``category_max``), 0 if absent
+    (``report.activation_bytes``, ...)."""
+    return property(lambda self: self.category_max.get(category, 0),
+                    doc=f"The largest size of the {category!r} category, in bytes.")
+
+
 @dataclass(frozen=True)
 class CudaStats:
     """The real CUDA caching allocator's statistics around a measured step (CUDA only)."""
@@ -113,6 +120,7 @@ class StepMemory:
     peak_reserved_bytes: int | None = None
 
     def where(self) -> str:
+        """Where the peak happened, e.g. ``"backward, at mm (AddmmBackward0) in MLP.head"``."""
         place = f"{self.peak_op} in {self.peak_module}" if self.peak_module else self.peak_op
         return f"{PHASE_TITLES[self.peak_phase]}, at {place}"
 
@@ -151,29 +159,12 @@ class MemoryReport(ShownAsTable):
     notes: list[str] = field(default_factory=list)
 
     # -------------------------------------------------------------- convenience
-    @property
-    def parameter_bytes(self) -> int:
-        return self.category_max.get("parameters", 0)
-
-    @property
-    def gradient_bytes(self) -> int:
-        return self.category_max.get("gradients", 0)
-
-    @property
-    def optimizer_state_bytes(self) -> int:
-        return self.category_max.get("optimizer_state", 0)
-
-    @property
-    def activation_bytes(self) -> int:
-        return self.category_max.get("activations", 0)
-
-    @property
-    def temporary_bytes(self) -> int:
-        return self.category_max.get("temporaries", 0)
-
-    @property
-    def input_bytes(self) -> int:
-        return self.category_max.get("inputs", 0)
+    parameter_bytes = category_bytes("parameters")
+    gradient_bytes = category_bytes("gradients")
+    optimizer_state_bytes = category_bytes("optimizer_state")
+    activation_bytes = category_bytes("activations")
+    temporary_bytes = category_bytes("temporaries")
+    input_bytes = category_bytes("inputs")
 
     @property
     def first_step(self) -> StepMemory:
@@ -184,10 +175,7 @@ class MemoryReport(ShownAsTable):
         """The last measured step when more than one was measured, else None."""
         return self.steps[-1] if len(self.steps) > 1 else None
 
-    def where(self) -> str:
-        """Where the peak happened, e.g. ``"backward, at mm (AddmmBackward0) in MLP.head"``."""
-        place = f"{self.peak_op} in {self.peak_module}" if self.peak_module else self.peak_op
-        return f"{PHASE_TITLES[self.peak_phase]}, at {place}"
+    where = StepMemory.where
 
     # -------------------------------------------------------------- text and HTML
     def _how(self) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from ..core.checks import positive_int
 from ..core.fmt import ShownAsTable, Table, fmt_bytes
+from ..memory.report import category_bytes
 from .memory import tensorflow_source
 
 __all__ = ["measure_keras_step", "KerasMemoryReport", "LayerActivation", "STATS_ENV"]
@@ -88,25 +89,11 @@ class KerasMemoryReport(ShownAsTable):
     def at_peak(self) -> dict[str, int]:
         return dict(self.category_max)
 
-    @property
-    def parameter_bytes(self) -> int:
-        return self.category_max["parameters"]
-
-    @property
-    def gradient_bytes(self) -> int:
-        return self.category_max["gradients"]
-
-    @property
-    def optimizer_state_bytes(self) -> int:
-        return self.category_max["optimizer_state"]
-
-    @property
-    def activation_bytes(self) -> int:
-        return self.category_max["activations"]
-
-    @property
-    def input_bytes(self) -> int:
-        return self.category_max["inputs"]
+    parameter_bytes = category_bytes("parameters")
+    gradient_bytes = category_bytes("gradients")
+    optimizer_state_bytes = category_bytes("optimizer_state")
+    activation_bytes = category_bytes("activations")
+    input_bytes = category_bytes("inputs")
 
     def table(self) -> Table:
         rows = [[_TITLES[c], fmt_bytes(b)] for c, b in self.category_max.items()]
