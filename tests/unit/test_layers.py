@@ -51,9 +51,12 @@ ALLOWED = {
 FACADE_IMPORTABLE = {"__version__"}
 
 TENSORFLOW = ("tensorflow", "keras", "tf_keras")
-# torch-private names that are not spelled as torch.<...>._x
+# torch-private names that need not be spelled torch.<...>._x: imported names, or attributes
+# of torch objects a function is handed (an operator's func._overloadpacket)
 TORCH_PRIVATE_NAMES = {"_disable_current_modes", "_subclasses", "_guards", "_python_dispatch",
-                       "_dynamo", "_inductor", "_C"}
+                       "_dynamo", "_inductor", "_C", "_overloadpacket", "_schema",
+                       "_current_graph_task_id", "_current_autograd_node",
+                       "_BaseDataLoaderIter"}
 
 
 @dataclass(frozen=True)
@@ -260,11 +263,15 @@ def torch_private_uses(path: Path) -> list[Violation]:
             while isinstance(value, ast.Attribute):
                 chain.append(value.attr)
                 value = value.value
+            rooted = isinstance(value, ast.Name) and value.id in aliases
             # report the first private part only (torch._C, not also torch._C._x)
-            if isinstance(value, ast.Name) and value.id in aliases and not any(
-                    map(_private, chain[1:])):
+            if rooted and not any(map(_private, chain[1:])):
                 dotted = ".".join([value.id, *reversed(chain)])
                 found.append(Violation(path, node.lineno, f"torch-private name: {dotted}"))
+            elif not rooted and node.attr in TORCH_PRIVATE_NAMES and not (
+                    isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                found.append(Violation(path, node.lineno,
+                                       f"torch-private name: {ast.unparse(node)}"))
         elif isinstance(node, ast.Name | ast.alias):
             name = node.id if isinstance(node, ast.Name) else (node.asname or node.name)
             if name in TORCH_PRIVATE_NAMES:
@@ -422,14 +429,18 @@ def test_checker_finds_private_torch_and_lazy_imports(monkeypatch):
     source = ("import torch\n"
               "def f():\n"
               "    from torch.utils._python_dispatch import _disable_current_modes\n"
-              "    return torch._C._get_tracing_state, torch.cuda.memory_allocated\n")
+              "    return torch._C._get_tracing_state, torch.cuda.memory_allocated\n"
+              "def g(func):\n"
+              "    return func._overloadpacket.__name__, func.name()\n")
     path = PACKAGE / "watch" / "_layer_probe.py"  # never written: the caches hold it
     monkeypatch.setitem(_SOURCES, path, source)
     monkeypatch.setitem(_TREES, path, ast.parse(source))
     found = [v.text for v in torch_private_uses(path)]
     assert any("torch.utils._python_dispatch" in t for t in found)
     assert any(t.endswith("torch._C") for t in found)
-    assert not any("memory_allocated" in t for t in found)
+    assert any(t.endswith("func._overloadpacket") for t in found)
+    assert not any("memory_allocated" in t or "name()" in t for t in found)
+    assert len(found) == 4, found  # import, _disable_current_modes, torch._C, _overloadpacket
 
 
 def test_contributing_describes_every_layer():
