@@ -191,10 +191,14 @@ def resolve_capacity(value, *, what: str = "capacity", allow_zero: bool = False)
 
     ``card`` is the ``KNOWN_GPUS`` name when ``value`` names a card, else None.
     """
-    if isinstance(value, str):
-        label, n_bytes = _from_string(value)
-    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-        label, n_bytes = None, _from_number(value)
+    if isinstance(value, (str, numbers.Real)) and not isinstance(value, bool):
+        try:
+            label, n_bytes = (_from_string(value) if isinstance(value, str)
+                              else (None, _from_number(value)))
+        except ValueError as exc:  # the message names the argument
+            message = str(exc)
+            raise ValueError(message if message.startswith(what) else f"{what}: {message}") \
+                from None
     else:
         hint = " (a bool)" if isinstance(value, bool) else ""
         raise TypeError(

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import helpers
-from helpers.batch_size import warm_up_cuda
+from helpers.memory.errors import warm_up_cuda
 from helpers.oom import CONTEXT
 from helpers.oom import original_step as original
 
