@@ -201,51 +201,43 @@ def _build(recorder: Recorder, engine: Engine, gpu, title, dev, fake, baseline_b
             rec, delta = events[ei]
             totals[rec.label] += delta
             ei += 1
-        cols["point"].append(k)
-        cols["step"].append(p.step)
-        cols["phase"].append(p.phase)
-        cols["op"].append(p.op)
-        cols["module"].append(p.module)
-        cols["total"].append(p.live)
-        for c in CATEGORIES:
-            cols[c].append(totals[c])
-        cols["allocated"].append(p.allocated)
-        cols["reserved"].append(p.reserved)
+        row = dict(point=k, step=p.step, phase=p.phase, op=p.op, module=p.module, total=p.live,
+                   **totals, allocated=p.allocated, reserved=p.reserved)
+        for key, value in row.items():
+            cols[key].append(value)
     n = len(cols["point"])
 
     def peak_index(idx):
         return max(idx, key=lambda i: (cols["total"][i], -i))
 
+    def phase_peaks(idx) -> dict:
+        """The peak of each phase over the points ``idx`` (start/end marks left out)."""
+        peaks = {}
+        for i in idx:
+            if cols["op"][i] not in _MARKS:
+                ph = cols["phase"][i]
+                peaks[ph] = max(peaks.get(ph, 0), cols["total"][i])
+        return {ph: peaks[ph] for ph in PHASES if ph in peaks}
+
     steps = []
     for s in sorted(set(cols["step"])):
         idx = [i for i in range(n) if cols["step"][i] == s]
         ip = peak_index(idx)
-        phase_peaks = {}
-        for ph in PHASES:
-            vals = [cols["total"][i] for i in idx
-                    if cols["phase"][i] == ph and cols["op"][i] not in _MARKS]
-            if vals:
-                phase_peaks[ph] = max(vals)
         steps.append(StepMemory(
             step=s, peak_bytes=cols["total"][ip], peak_phase=cols["phase"][ip],
             peak_op=cols["op"][ip], peak_module=cols["module"][ip],
-            at_peak={c: cols[c][ip] for c in CATEGORIES}, phase_peaks=phase_peaks,
+            at_peak={c: cols[c][ip] for c in CATEGORIES}, phase_peaks=phase_peaks(idx),
             start_bytes=cols["total"][idx[0]], end_bytes=cols["total"][idx[-1]],
             peak_reserved_bytes=max(cols["reserved"][i] for i in idx),
         ))
     ip = peak_index(range(n))
-    phase_peaks = {}
-    for ph in PHASES:
-        vals = [s.phase_peaks[ph] for s in steps if ph in s.phase_peaks]
-        if vals:
-            phase_peaks[ph] = max(vals)
     rounding = bool(getattr(engine.allocator, "rounding", False))
     report = MemoryReport(
         peak_bytes=cols["total"][ip], peak_step=cols["step"][ip],
         peak_phase=cols["phase"][ip], peak_op=cols["op"][ip], peak_module=cols["module"][ip],
         at_peak={c: cols[c][ip] for c in CATEGORIES},
         category_max={c: max(cols[c]) for c in CATEGORIES},
-        phase_peaks=phase_peaks, steps=steps, baseline_bytes=baseline_bytes,
+        phase_peaks=phase_peaks(range(n)), steps=steps, baseline_bytes=baseline_bytes,
         end_bytes=cols["total"][-1], timeline=Timeline(cols), device=dev, fake=fake,
         title=title, virtual_gpu=None if gpu is None else gpu.name,
         capacity_bytes=None if gpu is None else gpu.capacity_bytes,
