@@ -529,8 +529,10 @@ def _framework(model, optimizer) -> tuple[str | None, list]:
     elif _keras(optimizer) == "optimizer":
         found.add("tensorflow")
     elif opts:
+        inside = f" of {', '.join(sorted({type(o).__name__ for o in opts}))}" \
+            if isinstance(optimizer, (list, tuple)) else ""
         raise TypeError(f"optimizer must be a torch.optim.Optimizer (or a list of them) or a "
-                        f"Keras optimizer, got {type(optimizer).__name__}: {optimizer!r:.80}")
+                        f"Keras optimizer, got {type(optimizer).__name__}{inside}")
     if len(found) > 1:
         raise TypeError("model and optimizer must both be PyTorch's or both Keras'")
     return (found.pop() if found else None), opts
@@ -612,8 +614,7 @@ def find_batch_size(step, *, model=None, optimizer=None, start: int = 32,
     TensorFlow's allocator for Keras models. Used by lesson 05.
     """
     if not callable(step):
-        raise TypeError(f"step must be a function step(batch_size), got "
-                        f"{type(step).__name__}: {step!r:.80}")
+        raise TypeError(f"step must be a function step(batch_size), got {type(step).__name__}")
     framework, optimizers = _framework(model, optimizer)
     if model is not None and step is model:
         raise TypeError("step must be a function step(batch_size) that runs a training step, "
@@ -621,10 +622,9 @@ def find_batch_size(step, *, model=None, optimizer=None, start: int = 32,
     settings = _checked(start, maximum, margin, tolerance, steps_per_trial, multiple_of,
                         max_trials)
     if capacity is not None:
-        from .memory.capacity import parse_capacity, resolve_capacity
+        from .memory.capacity import resolve_capacity
 
-        capacity = resolve_capacity(capacity)[1] if isinstance(capacity, str) \
-            else parse_capacity(capacity)
+        capacity = resolve_capacity(capacity)[1]
     source, name, known, other, gpu = _device_for(framework, model, capacity)
     capacity = known if capacity is None else capacity
     if capacity is None and settings["maximum"] is None:
@@ -696,6 +696,9 @@ def _result(search: _Search, stopped: str) -> BatchSizeResult:
     if stopped.startswith("stopped after"):
         notes.append(f"the search did not close: {stopped}; {chosen} is the largest size "
                      "that fitted")
+    if not search.source.available and search.capacity is not None:
+        notes.append(f"nothing measures memory on {search.name}: only out-of-memory errors "
+                     "decided, not the capacity")
     if search.fake:
         notes.append("fake tensors: memory is exact, nothing was computed (no samples/s)")
     fixed, per_sample = search.line() or (None, None)
