@@ -20,7 +20,7 @@ import torch
 from .core.checks import whole_number
 from .core.fmt import ShownAsTable, Table, fmt_bytes, fmt_ratio
 from .core.timing import fmt_in_unit
-from .memory.engine import device_type, returns_view, watch_ops
+from .memory.engine import device_type, watch_ops
 
 __all__ = ["AmpSettings", "amp_settings", "trace_dtypes", "DtypeTrace", "OpDtypes",
            "compare_memory", "MemoryComparison", "parse_dtype", "short_name",
@@ -185,15 +185,13 @@ def trace_dtypes(fn, *args, **kwargs) -> DtypeTrace:
         raise TypeError(f"fn must be a function to run, got {type(fn).__name__}")
     counts: dict[tuple, int] = {}
 
-    def count(func, args, kwargs, out):
-        if returns_view(func):
-            return
+    def count(op, args, kwargs, out):
         ins: list[str] = []
         _float_dtypes([*args, *kwargs.values()], ins)
         outs: list[str] = []
         _float_dtypes(out, outs)
         if ins or outs:
-            key = (func._overloadpacket.__name__, tuple(ins), outs[0] if outs else "-")
+            key = (op, tuple(ins), outs[0] if outs else "-")
             counts[key] = counts.get(key, 0) + 1
 
     with watch_ops(count):

@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .allocator import ExactAllocator, SimulatedOOM
 
 __all__ = ["Engine", "Recorder", "tensors_in", "optimizer_state_tensors", "unique_params",
-           "watch_ops", "returns_view", "device_type"]
+           "watch_ops", "device_type"]
 
 # a storage keeps the strongest label it was given
 _RANK = {"temporaries": 0, "activations": 1, "other": 2, "inputs": 3, "optimizer_state": 4,
@@ -65,14 +65,10 @@ def _kind(func) -> int:
     return kind
 
 
-def returns_view(func) -> bool:
-    """Does the ATen operation ``func`` return views of its inputs (no new memory)?"""
-    return _kind(func) == _VIEW
-
-
 class watch_ops(TorchDispatchMode):  # noqa: N801 - used like a function in a `with`
-    """``with watch_ops(on_op):`` calls ``on_op(func, args, kwargs, out)`` after every ATen
-    operation that runs inside (``trace_dtypes`` lists them with their dtypes)."""
+    """``with watch_ops(on_op):`` calls ``on_op(name, args, kwargs, out)`` after every ATen
+    operation that runs inside, views left out (``trace_dtypes`` lists them with their
+    dtypes); ``name`` is the operation's short name (``"mm"``, ``"_to_copy"``)."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -85,7 +81,8 @@ class watch_ops(TorchDispatchMode):  # noqa: N801 - used like a function in a `w
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        self.on_op(func, args, kwargs, out)
+        if _kind(func) != _VIEW:
+            self.on_op(func._overloadpacket.__name__, args, kwargs, out)
         return out
 
 
