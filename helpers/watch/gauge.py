@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, replace
 
 from ..core import nvml
-from ..core.checks import whole_number
+from ..core.checks import LARGEST, shown, whole_number
 from ..core.fmt import GiB, MiB, ShownAsTable
 from ..memory import sources
 from .base import LiveView, check_interval, polling_threads, stop_poller
@@ -214,11 +214,7 @@ def _parse_source(source) -> tuple[str, object]:
         return "virtual", source
     if type(source).__name__ == "device" and hasattr(source, "type"):  # torch.device
         source = str(source)
-    if isinstance(source, bool):
-        raise ValueError(f"{_SOURCE_HELP}; got {source!r}")
-    if isinstance(source, int):
-        if source < 0:
-            raise ValueError(f"{_SOURCE_HELP}; a GPU number must be >= 0, got {source}")
+    if isinstance(source, int) and not isinstance(source, bool) and 0 <= source <= LARGEST:
         return "cuda", source
     if isinstance(source, str):
         s = source.strip().lower()
@@ -230,7 +226,7 @@ def _parse_source(source) -> tuple[str, object]:
             return "cuda", None
         if s.startswith("cuda:") and s[5:].isdigit():
             return "cuda", int(s[5:])
-    raise ValueError(f"{_SOURCE_HELP}; got {source!r}")
+    raise ValueError(f"{_SOURCE_HELP}; got {shown(source)}")
 
 
 def _active_virtual_gpu():

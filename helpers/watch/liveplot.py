@@ -29,6 +29,7 @@ final PNG and returns a deterministic one-line summary.
 
 from __future__ import annotations
 
+import functools
 import html as _html
 import math
 import sys
@@ -604,27 +605,23 @@ class LivePlot(LiveView):
         smoother than a PyTorch per-step loss.  Import keras before asking for the callback
         (this module never imports it).
         """
-        return _keras_callback_class()(self, positive_int(batch_size, "batch_size"))
-
-
-_keras_class: list = []
-
-
-def _keras_callback_class():
-    if not _keras_class:
+        batch_size = positive_int(batch_size, "batch_size")
         keras = sys.modules.get("keras")  # the learner's, already imported (never here)
         if keras is None:
             raise RuntimeError("keras_callback() is for Keras' model.fit: import keras first")
+        return _keras_callback_class(keras)(self, batch_size)
 
-        class LivePlotCallback(keras.callbacks.Callback):
-            """Sends each training batch's loss to a :class:`LivePlot`."""
 
-            def __init__(self, plot: LivePlot, batch_size: int):
-                super().__init__()
-                self.plot, self.batch_size = plot, batch_size
+@functools.cache
+def _keras_callback_class(keras):
+    class LivePlotCallback(keras.callbacks.Callback):
+        """Sends each training batch's loss to a :class:`LivePlot`."""
 
-            def on_train_batch_end(self, batch, logs=None):
-                self.plot.step(loss=(logs or {}).get("loss"), samples=self.batch_size)
+        def __init__(self, plot: LivePlot, batch_size: int):
+            super().__init__()
+            self.plot, self.batch_size = plot, batch_size
 
-        _keras_class.append(LivePlotCallback)
-    return _keras_class[0]
+        def on_train_batch_end(self, batch, logs=None):
+            self.plot.step(loss=(logs or {}).get("loss"), samples=self.batch_size)
+
+    return LivePlotCallback
