@@ -129,6 +129,17 @@ def original_step(model, optimizer):
 
 
 # --------------------------------------------------------------------------- validation
+def _arguments(make_step, batch_size, model, optimizer) -> tuple:
+    """``(batch_size, model_factory, optimizer_factory)``, each checked."""
+    if not callable(make_step):
+        raise TypeError(
+            "make_step must be a function make_step(model, optimizer) that returns a function "
+            f"step(data, labels) -> loss; got {make_step!r}"
+        )
+    return (positive_int(batch_size, "batch_size"), _factory(model, "model", LargeResNet),
+            _factory(optimizer, "optimizer", torch.optim.Adam))
+
+
 def _factory(value, name: str, default):
     if value is None:
         return default
@@ -141,14 +152,6 @@ def _factory(value, name: str, default):
     if not callable(value):
         raise TypeError(f"{name} must be a class or a function, got {value!r}")
     return value
-
-
-def _check_make_step(make_step) -> None:
-    if not callable(make_step):
-        raise TypeError(
-            "make_step must be a function make_step(model, optimizer) that returns a function "
-            f"step(data, labels) -> loss; got {make_step!r}"
-        )
 
 
 # --------------------------------------------------------------------------- running steps
@@ -377,11 +380,8 @@ def check_training(make_step: Callable, *, batch_size: int = 256, model=None, op
     Returns:
         a :class:`TrainingCheck` (shows itself as a small table in notebooks).
     """
-    _check_make_step(make_step)
-    batch_size = positive_int(batch_size, "batch_size")
+    batch_size, model_factory, opt_factory = _arguments(make_step, batch_size, model, optimizer)
     small_steps = positive_int(small_steps, "small_steps", maximum=1000)
-    model_factory = _factory(model, "model", LargeResNet)
-    opt_factory = _factory(optimizer, "optimizer", torch.optim.Adam)
     card, capacity = resolve_capacity(gpu)
     card = card or fmt_bytes(capacity)
     if capacity <= parse_capacity(CONTEXT):
@@ -526,11 +526,8 @@ def count_flops(make_step: Callable, *, batch_size: int = 256, model=None, optim
 
     from .memory.virtual import full_scale
 
-    _check_make_step(make_step)
-    batch_size = positive_int(batch_size, "batch_size")
+    batch_size, model_factory, opt_factory = _arguments(make_step, batch_size, model, optimizer)
     image_size = positive_int(image_size, "image_size")
-    model_factory = _factory(model, "model", LargeResNet)
-    opt_factory = _factory(optimizer, "optimizer", torch.optim.Adam)
     fs = full_scale()
     with fs:
         net, opt = _build(model_factory, opt_factory, fs.device)

@@ -28,7 +28,7 @@ import sys
 import torch
 
 from ..core.checks import flag, whole_number
-from ..core.fmt import fmt_bytes
+from ..core.fmt import ShownAsTable, fmt_bytes
 from . import state
 from .allocator import CachingAllocator, ExactAllocator, SimulatedOOM
 from .capacity import resolve_capacity
@@ -205,7 +205,7 @@ def _patch_module_to(delta: int) -> None:
     _LOADER_ITER.__init__ = _loader_iter_init if _patches > 0 else _ORIGINAL_LOADER_INIT
 
 
-class VirtualGPU:
+class VirtualGPU(ShownAsTable):
     """A GPU of a given memory size, simulated exactly on this machine.
 
     Inside ``with VirtualGPU(...)``, every tensor storage created (and every one created
@@ -417,10 +417,9 @@ class VirtualGPU:
             text += ", fake tensors"
         return text
 
-    def __repr__(self) -> str:
-        return self.summary()
+    text = summary  # shown as this line (ShownAsTable), and in notebooks with a usage bar
 
-    def _repr_html_(self) -> str:
+    def _html(self) -> str:
         import html
 
         share = self.used_bytes / self.capacity_bytes
