@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -205,14 +206,16 @@ def _load(path: Path, map_location, shown: Path) -> dict:
     if path.stat().st_size == 0:
         raise ValueError(f"{problem}: the file is empty")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError:
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": we say it better
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, KeyError, ValueError,
+            TypeError, AttributeError) as exc:
         # torch's own message suggests weights_only=False: never do that for a file you did
         # not write yourself, it runs whatever code the file holds
-        raise ValueError(f"{problem}: it holds objects other than tensors, numbers, strings "
-                         "and containers of them") from None
-    except (RuntimeError, OSError, EOFError, KeyError, ValueError, TypeError,
-            AttributeError) as exc:
+        if "Unsupported global" in str(exc):  # a pickled class or function
+            raise ValueError(f"{problem}: it holds objects other than tensors, numbers, "
+                             "strings and containers of them") from None
         raise ValueError(f"{problem}: it is not a PyTorch file, or it is cut short "
                          f"({type(exc).__name__} while reading it)") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:

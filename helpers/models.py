@@ -31,7 +31,7 @@ class MLP(nn.Module):
         super().__init__()
         _positive(in_features, "in_features")
         _positive(hidden, "hidden")
-        _positive(depth, "depth")
+        positive_int(depth, "depth", 1000)
         _positive(n_classes, "n_classes")
         layers: list[nn.Module] = []
         width = in_features

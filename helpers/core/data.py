@@ -20,10 +20,10 @@ def _seed(seed) -> int:
     return whole_number(seed, "seed", 0, 2**63 - 1)  # torch.Generator's largest seed
 
 
-def _size_check(shape: tuple[int, ...], name: str) -> None:
+def _size_check(shape: tuple[int, ...], names: str) -> None:
     if np.prod(shape, dtype=object) > _MOST_NUMBERS:
-        raise ValueError(f"{name} of shape {shape} would hold more than {_MOST_NUMBERS:,} "
-                         "numbers; the lessons' data sets are far smaller")
+        raise ValueError(f"{names} = {shape} would make more than {_MOST_NUMBERS:,} numbers; "
+                         "the lessons' data sets are far smaller")
 
 
 def classification_data(
@@ -43,7 +43,7 @@ def classification_data(
     if n_classes < 2:
         raise ValueError(f"n_classes must be at least 2, got {n_classes}")
     noise = real_number(noise, "noise", 0)
-    _size_check((n_samples, n_features), "x")
+    _size_check((n_samples, n_features), "n_samples, n_features")
     rng = np.random.default_rng(_seed(seed))
     centres = rng.normal(0.0, 2.0, size=(n_classes, n_features))
     y = rng.integers(0, n_classes, size=n_samples)
@@ -66,7 +66,7 @@ def image_data(
     size = positive_int(size, "size")
     n_classes = positive_int(n_classes, "n_classes")
     flag(channels_last, "channels_last")
-    _size_check((n_samples, channels, size, size), "x")
+    _size_check((n_samples, channels, size, size), "n_samples, channels, size, size")
     rng = np.random.default_rng(_seed(seed))
     y = rng.integers(0, n_classes, size=n_samples)
     grid = np.linspace(0.0, 2.0 * np.pi, size, dtype=np.float32)

@@ -90,7 +90,7 @@ def fmt_seconds(seconds, digits: int = 3) -> str:
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
         if s >= scale or unit == "µs":
             value = s / scale
-            return f"~{_fixed(value, _sig(value, digits))} {unit}"
+            return f"~{_significant(value, digits)} {unit}"
     raise AssertionError("unreachable")
 
 
@@ -101,13 +101,22 @@ def _sig(value: float, digits: int) -> int:
     return max(0, digits - 1 - int(math.floor(math.log10(abs(value)))))
 
 
+def _significant(value: float, digits: int, zero_decimals: int = 0) -> str:
+    """``value`` to ``digits`` significant digits; scientific notation where that would take
+    more than 9 decimals (only absurdly small numbers) or the number is 1e15 or more."""
+    decimals = _sig(value, digits) if value else zero_decimals
+    if decimals > 9:
+        return f"{value:.{digits - 1}e}"
+    return _fixed(value, decimals)
+
+
 def fmt_rate(per_second, unit: str = "samples/s") -> str:
     """A *measured* throughput with a tilde: ``'~1,234 samples/s'``."""
     r = real_number(per_second, "per_second", 0, finite=False)
     unit = text(unit, "unit", empty=True, longest=100)  # "" when a column header says it
     if r >= 100:
         return f"~{_fixed(r, 0, ',')} {unit}"
-    return f"~{r:.{_sig(r, 3)}f} {unit}"
+    return f"~{_significant(r, 3)} {unit}"
 
 
 def fmt_ratio(ratio, digits: int = 2, measured: bool = True) -> str:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .checks import choice, device_arg, positive_int, real_number, text, whole_number
-from .fmt import ShownAsTable, Table, _fixed, _sig, fmt_ratio
+from .fmt import ShownAsTable, Table, _fixed, _significant, fmt_ratio
 
 __all__ = ["compare_times", "interleaved_rounds", "sync_function", "TimeComparison",
            "fmt_in_unit", "UNITS"]
@@ -41,7 +41,7 @@ def fmt_in_unit(seconds, unit: str = "ms") -> str:
     value = real_number(seconds, "seconds", 0, finite=False) / UNITS[choice(unit, "unit", UNITS)]
     if value >= 100:
         return f"~{_fixed(value, 0, ',')} {unit}"
-    return f"~{value:.{_sig(value, 3) if value else 2}f} {unit}"
+    return f"~{_significant(value, 3, zero_decimals=2)} {unit}"
 
 
 def sync_function(sync) -> Callable[[], object] | None:

@@ -1,8 +1,14 @@
+import collections
+import enum
+import fractions
+import pickle
 import random
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch import nn
 
 from helpers.checkpoint import (
@@ -14,6 +20,12 @@ from helpers.checkpoint import (
     unwrap,
 )
 from helpers.models import MLP
+
+Point = collections.namedtuple("Point", "x y")
+
+
+class Colour(enum.IntEnum):
+    RED = 1
 
 
 def trained(seed=0, steps=2, scaler_scale=2.0**10):
@@ -154,3 +166,152 @@ def test_load_rejects_bad_input(tmp_path):
         load_checkpoint(path, model=MLP(8, 16, 2, 3), restore_rng="yes")
     with pytest.raises(ValueError, match="rng_state"):
         set_rng_state({"python": None})
+
+
+# ------------------------------------------------------------------- cases from the fuzz report
+@pytest.mark.parametrize("value", [np.float64(0.9), np.str_("a"), np.int64(7), np.bool_(True),
+                                   collections.defaultdict(int, {"a": 1}), Colour.RED,
+                                   collections.OrderedDict(b=np.float32(0.5)),
+                                   Point(1, np.float64(2.0))])
+def test_case_1_numpy_scalars_and_subclasses_load_back_as_plain_values(tmp_path, value):
+    """Case 1: extra={"best": np.float64(0.9)} (or np.str_, a defaultdict) was saved, replaced
+    a good checkpoint, and then load_checkpoint failed (weights_only=True reads only exact
+    built-ins). Such values are now stored as the plain built-in, so the file loads."""
+    model = MLP(8, 16, 2, 3)
+    path = save_checkpoint(tmp_path / "c.pt", model=model, epoch=1, extra={"v": value})
+    loaded = load_checkpoint(path, model=MLP(8, 16, 2, 3)).extra["v"]
+    assert loaded == value or loaded == tuple(value)
+    plain = {bool, int, float, str, dict, tuple}
+    assert type(loaded) in plain
+    if isinstance(loaded, (dict, tuple)):
+        inner = loaded.values() if isinstance(loaded, dict) else loaded
+        assert all(type(v) in plain for v in inner)
+
+
+def test_case_1_a_save_never_replaces_a_good_file_with_an_unloadable_one(tmp_path, monkeypatch):
+    """Case 1: the file is read back before it replaces the previous checkpoint."""
+    model = MLP(8, 16, 2, 3)
+    path = save_checkpoint(tmp_path / "c.pt", model=model, epoch=1)
+    before = path.read_bytes()
+    real_save = torch.save
+
+    def save_something_unreadable(obj, f, *args, **kwargs):
+        real_save({**obj, "extra": {"x": np.float64(1.0)}}, f)  # as the old code did
+
+    monkeypatch.setattr(torch, "save", save_something_unreadable)
+    with pytest.raises(ValueError, match="objects other than tensors"):
+        save_checkpoint(path, model=model, epoch=2)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+    with pytest.raises(TypeError, match=r"extra\['z'\] is a complex128"):
+        save_checkpoint(path, model=model, epoch=2, extra={"z": np.complex128(1j)})
+
+
+def test_case_8_cyclic_or_deeply_nested_extra_is_a_clear_error(tmp_path):
+    """Case 8: save_checkpoint(extra=<cyclic dict>) recursed without limit
+    (RecursionError)."""
+    cyclic = {"a": []}
+    cyclic["a"].append(cyclic)
+    with pytest.raises(ValueError, match=r"extra\['a'\]\[0\] contains itself"):
+        save_checkpoint(tmp_path / "c.pt", model=MLP(8, 16, 2, 3), epoch=1, extra=cyclic)
+    deep = {}
+    inner = deep
+    for _ in range(5000):
+        inner["x"] = {}
+        inner = inner["x"]
+    with pytest.raises(ValueError, match="nested more than 100 levels"):
+        save_checkpoint(tmp_path / "c.pt", model=MLP(8, 16, 2, 3), epoch=1, extra=deep)
+    shared = [1, 2]
+    path = save_checkpoint(tmp_path / "c.pt", model=MLP(8, 16, 2, 3), epoch=1,
+                           extra={"a": shared, "b": shared})  # shared, not cyclic: fine
+    assert read_checkpoint(path)["extra"] == {"a": [1, 2], "b": [1, 2]}
+
+
+def _good_state(tmp_path):
+    return read_checkpoint(save_checkpoint(tmp_path / "good.pt", model=MLP(8, 16, 2, 3),
+                                           epoch=1))
+
+
+@pytest.mark.parametrize(("make", "words"), [
+    (lambda p, s: p.write_text("hello\n"), "not a PyTorch file"),
+    (lambda p, s: p.write_bytes(b""), "the file is empty"),
+    (lambda p, s: p.write_bytes((p.parent / "good.pt").read_bytes()[:3000]), "cut short"),
+    (lambda p, s: p.write_text('{"format": "gpu-lessons-checkpoint/1"}'), "not a PyTorch"),
+    (lambda p, s: p.write_bytes(pickle.dumps({"format": 1}, protocol=2)), "not a PyTorch"),
+    (lambda p, s: torch.save({"x": fractions.Fraction(1, 3)}, p), "other than tensors"),
+    (lambda p, s: torch.save({**s, "model": [1, 2]}, p), "'model' part"),
+    (lambda p, s: torch.save({k: v for k, v in s.items() if k != "rng"}, p), "'rng' part"),
+    (lambda p, s: torch.save({**s, "epoch": "1"}, p), "'epoch' part"),
+    (lambda p, s: torch.save({**s, "model": {1: torch.ones(1)}}, p), "state_dict"),
+    (lambda p, s: torch.save([1, 2], p), "not a checkpoint written by save_checkpoint"),
+])
+def test_case_6_bad_files_give_one_clear_error(tmp_path, make, words):
+    """Case 6: a text file gave KeyError: 101, an empty one EOFError, a truncated one OSError,
+    a foreign pickle an UnpicklingError advising weights_only=False, missing parts KeyError or
+    AttributeError. Now: one ValueError naming the file and what is wrong, never suggesting
+    weights_only=False."""
+    state = _good_state(tmp_path)
+    path = tmp_path / "bad.pt"
+    make(path, state)
+    with pytest.raises(ValueError) as caught:
+        load_checkpoint(path, model=MLP(8, 16, 2, 3), optimizer=None)
+    message = str(caught.value)
+    assert str(path) in message and words in message
+    assert "weights_only=False" not in message
+
+
+def test_case_6_damaged_rng_state_and_bad_load_arguments(tmp_path):
+    state = _good_state(tmp_path)
+    torch.save({**state, "rng": {"python": 1, "numpy": {}, "torch": 3}}, tmp_path / "r.pt")
+    with pytest.raises(ValueError, match="rng_state"):
+        load_checkpoint(tmp_path / "r.pt", model=MLP(8, 16, 2, 3))
+    with pytest.raises(TypeError, match="optimizer"):
+        load_checkpoint(tmp_path / "good.pt", model=MLP(8, 16, 2, 3), optimizer=5)
+    with pytest.raises(TypeError, match="restore_rng"):
+        load_checkpoint(tmp_path / "good.pt", model=MLP(8, 16, 2, 3), restore_rng=1)
+    with pytest.raises(ValueError, match="map_location"):
+        read_checkpoint(tmp_path / "good.pt", map_location="gpu0")
+
+
+# ----------------------------------------------------------------------------------- properties
+PLAIN = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1),
+              st.floats(allow_nan=False), st.text(max_size=8),
+              st.integers(-(2**31), 2**31).map(np.int64), st.floats(-1e6, 1e6).map(np.float64),
+              st.text(max_size=4).map(np.str_)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+    max_leaves=10,
+)
+
+
+@given(extra=st.dictionaries(st.text(max_size=6), PLAIN, max_size=4),
+       epoch=st.integers(0, 10**6), step=st.integers(0, 10**6))
+def test_any_plain_extra_round_trips(tmp_path_factory, extra, epoch, step):
+    path = tmp_path_factory.mktemp("ckpt") / "c.pt"
+    model = nn.Linear(2, 1)
+    save_checkpoint(path, model=model, epoch=epoch, step=step, extra=extra)
+    info = load_checkpoint(path, model=nn.Linear(2, 1), restore_rng=False)
+    assert (info.epoch, info.step) == (epoch, step)
+    assert info.extra == extra
+
+
+ANYTHING = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5),
+                     st.lists(st.integers(), max_size=2), st.just(object()), st.just(print))
+
+
+@given(st.sampled_from(["path", "epoch", "step", "extra", "optimizer", "scaler", "model"]),
+       ANYTHING)
+def test_save_names_bad_arguments(tmp_path_factory, name, value):
+    args = {"path": tmp_path_factory.mktemp("ckpt") / "c.pt", "model": nn.Linear(2, 1),
+            "epoch": 0, name: value}
+    try:
+        save_checkpoint(**args)
+    except (TypeError, ValueError) as exc:
+        assert name in str(exc), str(exc)
+
+
+@given(ANYTHING)
+def test_set_rng_state_rejects_anything_else(value):
+    with pytest.raises(ValueError, match="state"):
+        set_rng_state(value)

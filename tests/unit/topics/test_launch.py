@@ -1,11 +1,14 @@
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from helpers.launch import (
     DDPPlan,
@@ -185,3 +188,160 @@ def test_tf_config_rejects_bad_input(workers, index, match):
         tf_config(workers, index)
     with pytest.raises(ValueError, match="task_type"):
         tf_config(["a:1"], 0, task_type="chief")
+
+
+# ------------------------------------------------------------------- cases from the fuzz report
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), 1e300, 10**400, -1, "5", True])
+def test_case_5_a_bad_timeout_is_refused_before_the_child_starts(monkeypatch, timeout):
+    """Case 5: run_captured(cmd, timeout=inf/nan/1e300) started the command, then failed in
+    communicate() and left the child (for torchrun: every worker) running."""
+
+    def must_not_start(*args, **kwargs):
+        raise AssertionError("the command was started")
+
+    monkeypatch.setattr(subprocess, "Popen", must_not_start)
+    with pytest.raises((TypeError, ValueError), match="timeout"):
+        run_captured(["sleep", "2"], timeout=timeout)
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc (Linux)")
+def test_case_5_any_error_after_the_start_kills_the_process_group(tmp_path, monkeypatch):
+    """Case 5: an error while waiting (here a KeyboardInterrupt, as from Ctrl-C) kills the
+    child's whole process group, grandchildren included, and is raised as it was."""
+    pids = tmp_path / "pids"
+    code = ("import os, subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(60)']); "
+            f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{p.pid}}'); time.sleep(60)")
+    real = subprocess.Popen.communicate
+    calls = []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            deadline = time.monotonic() + 20
+            while not (pids.exists() and " " in pids.read_text()) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.05)
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "communicate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_captured(["python", "-c", code], timeout=30)
+    for pid in map(int, pids.read_text().split()):
+        deadline = time.monotonic() + 5
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(pid)
+
+
+def test_case_11_a_very_long_script_name_is_a_clear_error():
+    """Case 11 (script_path): 'x' * 5000 gave OSError: File name too long."""
+    with pytest.raises(ValueError, match="name is too long"):
+        script_path("x" * 5000)
+    with pytest.raises(TypeError, match="name must be a string"):
+        script_path(5)
+
+
+def test_rdzv_id_must_be_an_id():
+    """torchrun_command(rdzv_id=['a b']) wrote --rdzv_id=['a b'] into the command."""
+    with pytest.raises(TypeError, match="rdzv_id"):
+        torchrun_command("t.py", nproc_per_node=2, rdzv_endpoint="h:1", rdzv_id=["a b"])
+    with pytest.raises(ValueError, match="rdzv_id"):
+        torchrun_command("t.py", nproc_per_node=2, rdzv_endpoint="h:1", rdzv_id="a b")
+    cmd = torchrun_command("t.py", nproc_per_node=2, rdzv_endpoint="h:1", rdzv_id=12345)
+    assert "--rdzv_id=12345" in cmd
+
+
+# ----------------------------------------------------------------------------------- properties
+ANYTHING = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12),
+                     st.binary(max_size=4), st.lists(st.text(max_size=3), max_size=2),
+                     st.just(object()))
+HOST = st.from_regex(r"[a-z][a-z0-9-]{0,10}", fullmatch=True)
+ENDPOINT = st.builds(lambda h, p: f"{h}:{p}", HOST, st.integers(1, 65535))
+
+
+def _only_named_errors(name, fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except (TypeError, ValueError) as exc:
+        assert name in str(exc), (name, str(exc))
+        return None
+
+
+@given(st.one_of(st.none(), st.integers(0, 4096)), st.integers(1, 4096))
+def test_ddp_plan_for_any_machine(n_gpus, cpu_processes):
+    plan = ddp_plan(n_gpus if n_gpus is not None else 0, cpu_processes=cpu_processes)
+    assert plan.nproc_per_node >= 1 and plan.backend in ("nccl", "gloo")
+    assert repr(plan) == plan.text()
+
+
+@given(ANYTHING, ANYTHING)
+def test_ddp_plan_names_bad_arguments(n_gpus, cpu_processes):
+    try:
+        ddp_plan(n_gpus, cpu_processes=cpu_processes)
+    except (TypeError, ValueError) as exc:
+        assert "n_gpus" in str(exc) or "cpu_processes" in str(exc)
+
+
+@given(st.integers(1, 64), st.integers(1, 16), ENDPOINT,
+       st.one_of(st.integers(0, 10**12), st.from_regex(r"[\w.-]{1,20}", fullmatch=True)),
+       st.lists(st.one_of(st.text(max_size=8), st.integers()), max_size=4))
+def test_torchrun_command_for_any_valid_job(nproc, nnodes, endpoint, rdzv_id, args):
+    cmd = torchrun_command("train.py", args, nproc_per_node=nproc, nnodes=nnodes,
+                           rdzv_endpoint=endpoint, rdzv_id=rdzv_id)
+    assert cmd[0] == "torchrun" and f"--rdzv_endpoint={endpoint}" in cmd
+    assert cmd[-len(args) - 1:] == ["train.py", *map(str, args)]
+    assert command_text(cmd).startswith("torchrun ")
+
+
+@given(st.sampled_from(["script", "script_args", "nproc_per_node", "nnodes", "rdzv_endpoint",
+                        "rdzv_id", "rdzv_backend"]), ANYTHING)
+def test_torchrun_command_names_bad_arguments(name, value):
+    args = {"script": "t.py", "nproc_per_node": 2, "rdzv_endpoint": "h:1", "rdzv_id": 1,
+            name: value}
+    _only_named_errors(name, torchrun_command, **args)
+
+
+@given(ANYTHING)
+def test_command_text_names_its_argument(value):
+    _only_named_errors("command", command_text, value)
+
+
+@given(st.lists(ENDPOINT, min_size=1, max_size=5, unique_by=str.lower), st.data())
+def test_tf_config_for_any_cluster(workers, data):
+    index = data.draw(st.integers(0, len(workers) - 1))
+    config = tf_config(workers, index)
+    assert config["cluster"]["worker"] == workers and config["task"]["index"] == index
+    assert json.loads(json.dumps(config)) == config
+
+
+@given(ANYTHING, ANYTHING)
+def test_tf_config_names_bad_arguments(workers, index):
+    try:
+        tf_config(workers, index)
+    except (TypeError, ValueError) as exc:
+        assert any(w in str(exc) for w in ("worker", "index")), str(exc)
+
+
+@given(st.sampled_from(["command", "timeout", "env"]), ANYTHING)
+def test_run_captured_names_bad_arguments_before_starting(name, value):
+    if name == "command" and isinstance(value, list):
+        return  # a valid command would run
+    args = {"command": [], "timeout": 1.0, "env": None, name: value}
+    if name != "command":
+        args["command"] = ["definitely-not-a-command-xyz"]
+    try:
+        run_captured(args.pop("command"), **args)
+    except (TypeError, ValueError) as exc:
+        assert name in str(exc) or "env entries" in str(exc), str(exc)
+    except FileNotFoundError:  # valid arguments: the (missing) command was looked for
+        pass
+
+
+def test_free_port_is_free():
+    import socket
+
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
