@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import html
 import os
-import sys
 from dataclasses import dataclass, field
 
 from ..core.checks import positive_int
 from ..core.fmt import ShownAsTable, Table, fmt_bytes
 from ..memory.report import category_bytes
 from .memory import tensorflow_source
+from .policies import tensorflow
 
 __all__ = ["measure_keras_step", "KerasMemoryReport", "LayerActivation", "STATS_ENV"]
 
@@ -205,12 +205,7 @@ def measure_keras_step(model, x, y, *, loss=None, optimizer=None, steps: int = 1
         A :class:`KerasMemoryReport` (``peak_bytes``, ``step_peaks``, ``category_max``,
         ``analytic_peak_bytes``, ``layers``, ``text()``, HTML).
     """
-    if "tensorflow" not in sys.modules:
-        from ..core.environment import quiet_tensorflow_env
-
-        quiet_tensorflow_env()
-    import tensorflow as tf
-
+    tf = tensorflow()
     if not isinstance(model, tf.keras.Model):
         raise TypeError(f"model must be a tf.keras.Model, got {type(model).__name__}")
     steps = positive_int(steps, "steps", maximum=10_000)

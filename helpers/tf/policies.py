@@ -22,7 +22,8 @@ POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16", "bfloat16",
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
 
 
-def _tf():
+def tensorflow():
+    """TensorFlow, imported with the kit's quiet environment (set before its first import)."""
     if "tensorflow" not in sys.modules:
         from ..core.environment import quiet_tensorflow_env
 
@@ -43,7 +44,7 @@ def keras_mixed_policy(device: str | None = None) -> str:
         ``"mixed_float16"`` for a GPU, ``"mixed_bfloat16"`` for a CPU.
     """
     if device is None:
-        kind = "GPU" if _tf().config.list_physical_devices("GPU") else "CPU"
+        kind = "GPU" if tensorflow().config.list_physical_devices("GPU") else "CPU"
     elif isinstance(device, str):
         kind = device.upper().removeprefix("/").removeprefix("DEVICE:").split(":")[0]
         if kind not in ("GPU", "CPU"):
@@ -61,7 +62,7 @@ def keras_policy(name: str):
     """
     if not isinstance(name, str) or name not in POLICIES:
         raise ValueError(f"name must be one of {', '.join(POLICIES)}, got {name!r}")
-    keras = _tf().keras
+    keras = tensorflow().keras
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(name)
     try:

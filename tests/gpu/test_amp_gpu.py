@@ -205,7 +205,7 @@ def keras_speed(*, width: int = 4096, batch: int = 4096, rounds: int = 5,
                 number: int = 5) -> dict:
     """A Keras training step under float32 and the mixed policies, when TF sees a GPU."""
     try:
-        from helpers.tf.policies import _tf
+        from helpers.tf.policies import tensorflow as _tf
 
         tf = _tf()
     except ImportError as exc:
