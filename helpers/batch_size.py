@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import operator
 import re
 import sys
 import time
@@ -50,7 +51,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from .core.checks import positive_int, real_number, whole_number
-from .core.fmt import Table, fmt_bytes, fmt_rate
+from .core.fmt import ShownAsTable, Table, fmt_bytes, fmt_rate
 from .memory import state
 from .memory.errors import is_oom_error, release_after_error, warm_up_cuda
 from .memory.sources import CudaSource, MemorySource, VirtualGpuSource
@@ -106,8 +107,8 @@ class Trial:
         return "out of memory" if self.oom else "fits" if self.fits else "over budget"
 
 
-@dataclass
-class BatchSizeResult:
+@dataclass(repr=False)
+class BatchSizeResult(ShownAsTable):
     """What :func:`find_batch_size` found, and every trial that led there.
 
     ``batch_size`` is the answer: the largest size tried that fits within the budget
@@ -199,10 +200,7 @@ class BatchSizeResult:
     def text(self) -> str:
         return "\n".join([self.summary(), self.table().text(), *self._lines()])
 
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_html_(self) -> str:
+    def _html(self) -> str:
         foot = "<br>".join(html.escape(x) for x in self._lines())
         return (f"<div><p>{html.escape(self.summary())}</p>{self.table()._repr_html_()}"
                 f"<p>{foot}</p></div>")
@@ -260,6 +258,9 @@ def _device_for(framework: str | None, model, capacity: int | None):
     capacity = total if fraction >= 1 else min(total, other + int(total * fraction))
     return source, f"{source.name} ({torch.cuda.get_device_name(source.index)})", capacity, \
         other, None
+
+
+_size = operator.attrgetter("batch_size")
 
 
 def _read(source) -> int | None:
@@ -355,15 +356,13 @@ class _Search:
         """How close the answer must get at ``b``: ``tolerance * b``, at least one step."""
         return 1 if b < self.m else max(self.m, int(self.tolerance * b) // self.m * self.m)
 
-    def lo(self) -> Trial | None:
-        return max((t for t in self.trials if t.fits), key=lambda t: t.batch_size, default=None)
-
-    def hi(self) -> Trial | None:
-        return min((t for t in self.trials if not t.fits), key=lambda t: t.batch_size,
-                   default=None)
+    def bounds(self) -> tuple[Trial | None, Trial | None]:
+        """The largest size that fitted and the smallest that did not (None where none)."""
+        return (max((t for t in self.trials if t.fits), key=_size, default=None),
+                min((t for t in self.trials if not t.fits), key=_size, default=None))
 
     def width(self) -> int | None:
-        lo, hi = self.lo(), self.hi()
+        lo, hi = self.bounds()
         return None if lo is None or hi is None else hi.batch_size - lo.batch_size
 
     def line(self) -> tuple[float, float] | None:
@@ -373,7 +372,7 @@ class _Search:
         (the optimizer step's) dominates; secants from there are too flat, so the steepest
         is taken (memory is convex in the batch size: flat, then linear)."""
         pts = sorted({t.batch_size: t for t in self.trials
-                      if t.fits and t.peak_bytes is not None}.values(), key=lambda t: t.batch_size)
+                      if t.fits and t.peak_bytes is not None}.values(), key=_size)
         if len(pts) < 2:
             return None
         big = pts[-1]
@@ -384,7 +383,7 @@ class _Search:
 
     def predict(self) -> float | None:
         """The batch size at which memory reaches the budget, or None."""
-        lo, hi = self.lo(), self.hi()
+        lo, hi = self.bounds()
         if self.budget is None:
             return None
         if lo is not None and hi is not None and None not in (lo.peak_bytes, hi.peak_bytes) \
@@ -401,7 +400,7 @@ class _Search:
         return target
 
     def next_size(self) -> tuple[int, str] | None:
-        lo, hi = self.lo(), self.hi()
+        lo, hi = self.bounds()
         if lo is None:
             if hi is None:
                 return self.start, "start"
@@ -490,7 +489,7 @@ class _Search:
                 and after is not None and after > before / 2
             self.misses += self.bisect_next
             self.gallop = self.gallop + 1 if nxt[1] == "verify" and trial.fits else 0
-        lo, hi = self.lo(), self.hi()
+        lo, hi = self.bounds()
         if lo is None:
             return "nothing fits"
         if self.maximum is not None and lo.batch_size >= self.maximum:
@@ -679,7 +678,7 @@ def _adopt(gpu, name: str, objs) -> None:
 
 def _result(search: _Search, stopped: str) -> BatchSizeResult:
     """The result of a finished search (BatchSizeError if nothing fitted)."""
-    lo, after = search.lo(), _read(search.source)
+    lo, after = search.bounds()[0], _read(search.source)
     if lo is None:
         errors = [t.error for t in search.trials if t.error]
         raise BatchSizeError(
@@ -748,7 +747,7 @@ def _plot(result: BatchSizeResult, ax=None, *, unit=None, title=None):
     ax.axvline(result.batch_size, color="green", lw=1, label=f"chosen: {result.batch_size}")
     ax.set(xlim=(0, xmax), ylim=(0, top / scale * 1.12), xlabel="batch size",
            ylabel=f"peak memory ({unit})")
-    rated = sorted((t for t in trials if t.samples_per_s is not None), key=lambda t: t.batch_size)
+    rated = sorted((t for t in trials if t.samples_per_s is not None), key=_size)
     handles, labels = ax.get_legend_handles_labels()
     if rated:
         ax2 = ax.twinx()
