@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.checks import whole_number
+from ..core.checks import flag, text, whole_number
 from ..core.fake_nvml import simulated_uuid
 from .capacity import resolve_capacity
 
@@ -102,8 +102,7 @@ class SimulatedEvent:
                  interprocess: bool = False, external: bool = False):
         for name, value in (("enable_timing", enable_timing), ("blocking", blocking),
                             ("interprocess", interprocess), ("external", external)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{name} must be True or False, got {value!r}")
+            flag(value, name)
         self._sim = sim
         self.id = next(sim._event_ids)
         self.enable_timing = enable_timing
@@ -182,21 +181,16 @@ class SimulatedCuda:
         from .virtual import VirtualGPU
 
         self.device_count = whole_number(device_count, "device_count", 1)
-        if name is not None and (not isinstance(name, str) or not name):
-            raise TypeError(f"name must be a non-empty string or None, got {name!r}")
+        if name is not None:
+            text(name, "name")
         if (not isinstance(capability, tuple) or len(capability) != 2
                 or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
                            for c in capability)):
             raise ValueError(f"capability must be a (major, minor) tuple of ints, got "
                              f"{capability!r}")
         self.cudnn_version = whole_number(cudnn_version, "cudnn_version", 0)
-        if cuda_version is not None and not isinstance(cuda_version, str):
-            raise TypeError(f"cuda_version must be a string such as '13.0' (None: a CPU-only "
-                            f"build), got {cuda_version!r}")
-        self.cuda_version = cuda_version
-        if not isinstance(available, bool):
-            raise TypeError(f"available must be True or False, got {available!r}")
-        self.available = available
+        self.cuda_version = None if cuda_version is None else text(cuda_version, "cuda_version")
+        self.available = flag(available, "available")
         self.gpu = None
         if isinstance(gpu, VirtualGPU):
             self.gpu = gpu
@@ -381,9 +375,7 @@ class SimulatedCuda:
         return d.major, d.minor
 
     def is_bf16_supported(self, including_emulation: bool = True) -> bool:
-        if not isinstance(including_emulation, bool):
-            raise TypeError(f"including_emulation must be True or False, got "
-                            f"{including_emulation!r}")
+        flag(including_emulation, "including_emulation")
         self._initialise()
         self._note("is_bf16_supported", including_emulation)
         return self.devices[self.current].major >= 8 or including_emulation
@@ -484,9 +476,7 @@ class SimulatedCuda:
         ``time.perf_counter_ns``, ``time.monotonic``, ``time.monotonic_ns`` or
         ``timeit.default_timer`` is read inside it: by the thread that entered it, or by any
         thread with ``all_threads=True``."""
-        if not isinstance(all_threads, bool):
-            raise TypeError(f"all_threads must be True or False, got {all_threads!r}")
-        return _ClockWatch(self, all_threads)
+        return _ClockWatch(self, flag(all_threads, "all_threads"))
 
     def clock_reads_after(self, call: str = "synchronize") -> list[bool]:
         """For each ``clock`` entry the calling thread logged: was ``call`` the CUDA call this
