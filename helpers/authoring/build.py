@@ -11,6 +11,7 @@ Usage::
     python -m helpers.authoring.build outputs [NAME ...]           # re-execute and store outputs
     python -m helpers.authoring.build exercises                    # list every exercise id
     python -m helpers.authoring.build personal [--refresh NAME ...] # learners' copy in my-lessons/
+                                              [--folder DIR]     # ... or in DIR
     python -m helpers.authoring.build release [--solutions]        # zip bundles in dist/
 
 NAME selects notebooks by substring (``01`` or ``pytorch_gpu``); default: all.
@@ -303,25 +304,20 @@ def personal_copy(refresh: list[str] | None = None, folder: Path | None = None) 
     return done
 
 
-def shadowing_helpers(folder: Path | None = None) -> list[Path]:
-    """A ``helpers.py`` or ``helpers/`` of the learner's own in ``folder`` (my-lessons/).
+def shadowing_helpers(folder: Path | None = None) -> list[str]:
+    """A warning for each ``helpers.py`` or ``helpers/`` of the learner's own in ``folder``.
 
-    The lessons' kernels start in that folder, and Python looks there first: ``import helpers``
-    would import that file instead of the kit's package (the setup cells then stop, naming
-    it). A link to the kit's own helpers/ is not reported.
+    The lessons' kernels start in that folder (my-lessons/) and Python looks there first, so
+    ``import helpers`` would import it instead of the kit's package (the setup cells then
+    stop, naming it). A link to the kit's own helpers/ is fine.
     """
     folder = folder or PERSONAL
     kit = Path(__file__).resolve().parents[1]
-    return [p for p in (folder / "helpers.py", folder / "helpers")
+    return [f"warning: {p} hides the kit's helpers package: the lessons run in {folder.name}/, "
+            f"so `import helpers` would import your {'folder' if p.is_dir() else 'file'} "
+            f"instead. Rename it (for example to my_{p.name}) and import it by that name."
+            for p in (folder / "helpers.py", folder / "helpers")
             if (p.exists() or p.is_symlink()) and p.resolve() != kit]
-
-
-def shadowing_warning(path: Path) -> str:
-    kind = "folder" if path.is_dir() else "file"
-    return (f"warning: {path} hides the kit's helpers package: the lessons run in "
-            f"{path.parent.name}/, so `import helpers` would import your {kind} instead. "
-            f"Rename it (for example to my_{path.stem}{path.suffix}) and import it by that "
-            f"name.")
 
 
 def _tracked_files(paths: list[str]) -> list[Path]:
@@ -408,8 +404,8 @@ def main(argv=None) -> int:
         if args.command == "personal":
             for line in personal_copy(args.refresh, args.folder):
                 print(line)
-            for path in shadowing_helpers(args.folder):
-                print(shadowing_warning(path), file=sys.stderr)
+            for warning in shadowing_helpers(args.folder):
+                print(warning, file=sys.stderr)
             return 0
         if args.command == "release":
             target = release(solutions=args.solutions)
