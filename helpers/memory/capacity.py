@@ -24,7 +24,7 @@ import re
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from types import MappingProxyType
 
-from ..core.checks import LARGEST, shown
+from ..core.checks import LARGEST, flag, shown
 
 __all__ = ["KNOWN_GPUS", "GPU_NOTES", "COMPUTE_CAPABILITY", "PINNED_TORCH_NEEDS",
            "pinned_torch_runs_on", "parse_capacity", "resolve_capacity", "card_name"]
@@ -230,6 +230,4 @@ def parse_capacity(value, *, allow_zero: bool = False) -> int:
         ValueError: zero, negative, unknown units or cards, ambiguous names like ``"A100"``
             (the message lists what is accepted). TypeError: not a number or string.
     """
-    if not isinstance(allow_zero, bool):
-        raise TypeError(f"allow_zero must be True or False, got {allow_zero!r}")
-    return resolve_capacity(value, allow_zero=allow_zero)[1]
+    return resolve_capacity(value, allow_zero=flag(allow_zero, "allow_zero"))[1]

@@ -84,13 +84,16 @@ def warm_up_cuda(device=None, *, streams=None) -> None:
 
 
 def release_after_error(exc: BaseException | None, empty_cache=None) -> None:
-    """Free what a failed step still holds: its traceback's frames keep the step's tensors
-    alive, so clear them, collect the garbage, then return cached blocks with
-    ``empty_cache`` (a memory source's method, or ``None``)."""
-    if exc is not None:
-        tb = exc.__traceback__
-        traceback.clear_frames(tb)
+    """Free what a failed step still holds: the frames of its traceback (and of the errors
+    it was raised from or during) keep the step's tensors alive, so clear them, collect the
+    garbage, then return cached blocks with ``empty_cache`` (a memory source's method, or
+    ``None``)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
         exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
     gc.collect()
     if empty_cache is not None:
         empty_cache()

@@ -119,3 +119,35 @@ def test_paused_runs_outside_the_virtual_gpu():
             assert gpu.allocated_bytes == 2 * 1024
         assert is_fake(x) is fake and is_fake(z) is fake and not is_fake(y)
         assert float(y.sum()) == 1024
+
+
+def test_release_after_error_frees_a_failed_steps_tensors_without_gc():
+    """memory.errors.release_after_error: the one release path after an out-of-memory error
+    (the finder, check_training). Frames of the error and of the error it was raised from
+    are cleared, so their tensors go; then empty_cache is called."""
+    import weakref
+
+    from helpers.memory.errors import release_after_error
+
+    def failing_step():
+        activations = torch.ones(1000)
+        holder.append(weakref.ref(activations))
+        try:
+            raise RuntimeError("inner")
+        except RuntimeError as inner:
+            raise torch.OutOfMemoryError("CUDA out of memory.") from inner
+
+    holder, emptied = [], []
+    try:
+        failing_step()
+    except torch.OutOfMemoryError as exc:
+        failed = exc
+    gc.disable()
+    try:
+        assert holder[0]() is not None  # the traceback holds the step's frame
+        release_after_error(failed, lambda: emptied.append(True))
+        assert holder[0]() is None and emptied == [True]
+        assert failed.__traceback__ is None and failed.__cause__.__traceback__ is None
+    finally:
+        gc.enable()
+    release_after_error(None)  # nothing to clear: collects only
