@@ -2,19 +2,23 @@
 
 The kit's memory lessons (04-08) stand on this package.  Public names are exported lazily from
 :mod:`helpers` (``helpers.VirtualGPU``, ``helpers.measure_step``, ...); this ``__init__`` imports
-nothing heavy, and only the modules that need torch (``engine``, ``virtual``, ``measure``) or
-TensorFlow (``keras``) import it, when they are used.
+nothing heavy, and only the modules that need torch (``engine``, ``virtual``, ``measure``,
+``cuda_standin``) import it, when they are used.  Nothing here imports TensorFlow.
 
 Modules:
 
+* :mod:`.sources`   -- ``MemorySource``: the one place that reads memory counters (virtual
+  GPU, CUDA, TensorFlow's allocator handed in by ``helpers.tf``, process RAM, NVML);
+* :mod:`.errors`    -- which errors are out-of-memory errors, and releasing a failed step;
 * :mod:`.capacity`  -- ``parse_capacity`` and ``KNOWN_GPUS`` (driver-reported card totals);
 * :mod:`.allocator` -- exact counting and a simulation of PyTorch's CUDA caching allocator;
 * :mod:`.state`     -- ``current_virtual_gpu()`` (no torch needed to ask);
 * :mod:`.engine`    -- the dispatch mode that sees every tensor storage come and go;
 * :mod:`.virtual`   -- ``VirtualGPU`` and ``full_scale`` (fake tensors);
 * :mod:`.measure`   -- ``measure_step``;  :mod:`.report` -- ``MemoryReport`` and its timeline;
-* :mod:`.keras`     -- ``measure_keras_step`` for TensorFlow/Keras;
-* ``helpers.core.recorded`` (outside this package) loads results the GPU test scripts wrote.
+* :mod:`.cuda_standin` -- ``SimulatedCuda``, a ``torch.cuda`` stand-in for rehearsals.
+
+``measure_keras_step`` (TensorFlow/Keras) lives in :mod:`helpers.tf.keras`.
 """
 
 import importlib as _importlib
