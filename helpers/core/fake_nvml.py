@@ -242,6 +242,18 @@ class FakeNvml(types.ModuleType):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return self.gpus[handle.index]
 
+    def _query(self, call: str, handle, *args, failure: str = "not_supported") -> FakeGpu:
+        """Log ``call``, check the handle, and raise NotSupported under ``failure``."""
+        self._note(call, getattr(handle, "index", None), *args)
+        gpu = self._gpu(handle)
+        if failure in self.failures:
+            raise NVMLError_NotSupported()
+        return gpu
+
+    def _system(self, *entry) -> None:
+        self._note(*entry)
+        self._check()
+
     # ------------------------------------------------------------------ pynvml API
     def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
         self._note("nvmlInit")
@@ -260,25 +272,21 @@ class FakeNvml(types.ModuleType):
         self.initialised -= 1
 
     def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
-        self._note("nvmlSystemGetDriverVersion")
-        self._check()
+        self._system("nvmlSystemGetDriverVersion")
         return self.driver
 
     def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802
-        self._note("nvmlSystemGetCudaDriverVersion")
-        self._check()
+        self._system("nvmlSystemGetCudaDriverVersion")
         return self.cuda_driver
 
     nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion
 
     def nvmlDeviceGetCount(self) -> int:  # noqa: N802
-        self._note("nvmlDeviceGetCount")
-        self._check()
+        self._system("nvmlDeviceGetCount")
         return len(self.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:  # noqa: N802
-        self._note("nvmlDeviceGetHandleByIndex", index)
-        self._check()
+        self._system("nvmlDeviceGetHandleByIndex", index)
         if not isinstance(index, int) or not 0 <= index < len(self.gpus):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return _Handle(index)
@@ -288,25 +296,19 @@ class FakeNvml(types.ModuleType):
         return handle.index
 
     def nvmlDeviceGetCudaComputeCapability(self, handle) -> tuple[int, int]:  # noqa: N802
-        self._note("nvmlDeviceGetCudaComputeCapability", getattr(handle, "index", None))
-        return tuple(self._gpu(handle).compute_capability)
+        return tuple(self._query("nvmlDeviceGetCudaComputeCapability", handle,
+                                 failure="").compute_capability)
 
     def nvmlDeviceGetMigMode(self, handle) -> list[int]:  # noqa: N802
-        self._note("nvmlDeviceGetMigMode", getattr(handle, "index", None))
-        mode = int(self._gpu(handle).mig)
+        mode = int(self._query("nvmlDeviceGetMigMode", handle, failure="").mig)
         return [mode, mode]  # (current, pending)
 
     def nvmlDeviceGetName(self, handle) -> str:  # noqa: N802
-        self._note("nvmlDeviceGetName", getattr(handle, "index", None))
-        name = self._gpu(handle).name
+        name = self._query("nvmlDeviceGetName", handle, failure="").name
         return name.encode() if self.bytes_names else name
 
     def nvmlDeviceGetUUID(self, handle) -> str:  # noqa: N802
-        self._note("nvmlDeviceGetUUID", getattr(handle, "index", None))
-        gpu = self._gpu(handle)
-        if "uuid_unsupported" in self.failures:
-            raise NVMLError_NotSupported()
-        return gpu.uuid
+        return self._query("nvmlDeviceGetUUID", handle, failure="uuid_unsupported").uuid
 
     def nvmlDeviceGetMemoryInfo(self, handle, version=None):  # noqa: N802
         self._note("nvmlDeviceGetMemoryInfo", getattr(handle, "index", None), version)
@@ -320,15 +322,11 @@ class FakeNvml(types.ModuleType):
                        free=free, used=g.used_bytes)
 
     def nvmlDeviceGetUtilizationRates(self, handle):  # noqa: N802
-        self._note("nvmlDeviceGetUtilizationRates", getattr(handle, "index", None))
-        g = self._gpu(handle)
-        if "not_supported" in self.failures:
-            raise NVMLError_NotSupported()
+        g = self._query("nvmlDeviceGetUtilizationRates", handle)
         return _Struct(gpu=g.gpu_util_pct, memory=g.memory_util_pct)
 
     def nvmlDeviceGetTemperature(self, handle, sensor: int) -> int:  # noqa: N802
-        self._note("nvmlDeviceGetTemperature", getattr(handle, "index", None), sensor)
-        g = self._gpu(handle)
+        g = self._query("nvmlDeviceGetTemperature", handle, sensor, failure="")
         if sensor != NVML_TEMPERATURE_GPU:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         if "not_supported" in self.failures:
@@ -336,22 +334,13 @@ class FakeNvml(types.ModuleType):
         return g.temperature_c
 
     def nvmlDeviceGetPowerUsage(self, handle) -> int:  # noqa: N802
-        self._note("nvmlDeviceGetPowerUsage", getattr(handle, "index", None))
-        g = self._gpu(handle)
-        if "not_supported" in self.failures:
-            raise NVMLError_NotSupported()
-        return g.power_mw
+        return self._query("nvmlDeviceGetPowerUsage", handle).power_mw
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle) -> int:  # noqa: N802
-        self._note("nvmlDeviceGetEnforcedPowerLimit", getattr(handle, "index", None))
-        g = self._gpu(handle)
-        if "not_supported" in self.failures:
-            raise NVMLError_NotSupported()
-        return g.power_limit_mw
+        return self._query("nvmlDeviceGetEnforcedPowerLimit", handle).power_limit_mw
 
     def _processes(self, handle, call: str) -> list:
-        self._note(call, getattr(handle, "index", None))
-        g = self._gpu(handle)
+        g = self._query(call, handle, failure="")
         if "process_list_no_permission" in self.failures:
             raise NVMLError_NoPermission()
         return [_Struct(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF,

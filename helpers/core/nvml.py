@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from .checks import whole_number
+
 __all__ = [
     "GpuMemory", "GpuInfo", "GpuProcess", "GpuStatus", "nvml_status", "list_gpus", "gpu_count",
     "gpu_memory", "gpu_utilization", "gpu_status", "gpu_processes",
@@ -22,10 +24,6 @@ _state: dict[str, object] = {"initialised": False, "error": None}
 def _init():
     """Initialise NVML once; return the pynvml module or None (reason kept in _state)."""
     with _lock:
-        if _state["initialised"]:
-            import pynvml
-
-            return pynvml
         if _state["error"] is not None:
             return None
         try:
@@ -33,12 +31,14 @@ def _init():
         except ImportError:
             _state["error"] = "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
             return None
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:  # NVMLError_LibraryNotFound without a driver
-            _state["error"] = f"NVML could not start ({exc}); is an NVIDIA driver installed?"
-            return None
-        _state["initialised"] = True
+        if not _state["initialised"]:
+            try:
+                pynvml.nvmlInit()
+            except pynvml.NVMLError as exc:  # NVMLError_LibraryNotFound without a driver
+                _state["error"] = (f"NVML could not start ({exc}); is an NVIDIA driver "
+                                   "installed?")
+                return None
+            _state["initialised"] = True
         return pynvml
 
 
@@ -79,6 +79,11 @@ def _memory_info(nv, handle):
     return int(info.total), int(info.used), int(info.free), reserved
 
 
+def _name(nv, handle) -> str:
+    name = nv.nvmlDeviceGetName(handle)
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
 def list_gpus() -> list[GpuInfo]:
     """Every GPU NVML can see, with its name and total memory; [] without NVML."""
     nv = _init()
@@ -87,9 +92,7 @@ def list_gpus() -> list[GpuInfo]:
     gpus = []
     for i in range(nv.nvmlDeviceGetCount()):
         handle = nv.nvmlDeviceGetHandleByIndex(i)
-        name = nv.nvmlDeviceGetName(handle)
-        if isinstance(name, bytes):
-            name = name.decode()
+        name = _name(nv, handle)
         total, _, _, _ = _memory_info(nv, handle)
         try:
             uuid = nv.nvmlDeviceGetUUID(handle)
@@ -101,22 +104,16 @@ def list_gpus() -> list[GpuInfo]:
 
 def gpu_memory(index: int = 0) -> GpuMemory | None:
     """Memory of GPU ``index`` (v2 info, matches nvidia-smi); None without NVML."""
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise ValueError(f"index must be a GPU number >= 0, got {index!r}")
-    nv = _init()
-    if nv is None:
-        return None
-    handle = _handle(nv, index)
-    total, used, free, reserved = _memory_info(nv, handle)
-    return GpuMemory(index, total, used, free, reserved)
+    opened = _open(index)
+    return None if opened is None else GpuMemory(index, *_memory_info(*opened))
 
 
 def gpu_utilization(index: int = 0) -> tuple[int, int] | None:
     """(GPU-Util %, memory-controller %) over NVML's last sample period; None without NVML."""
-    nv = _init()
-    if nv is None:
+    opened = _open(index)
+    if opened is None:
         return None
-    handle = _handle(nv, index)
+    nv, handle = opened
     rates = nv.nvmlDeviceGetUtilizationRates(handle)
     return int(rates.gpu), int(rates.memory)
 
@@ -151,34 +148,33 @@ def _optional(nv, fn, *args):
         return None
 
 
-def _handle(nv, index):
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise ValueError(f"index must be a GPU number >= 0, got {index!r}")
+def _open(index):
+    """(pynvml, handle of GPU ``index``), or None without NVML; a bad index is an error."""
+    whole_number(index, "index (a GPU number)")
+    nv = _init()
+    if nv is None:
+        return None
     count = nv.nvmlDeviceGetCount()
     if index >= count:
         raise ValueError(f"there is no GPU {index}: NVML sees {count} GPU(s)")
-    return nv.nvmlDeviceGetHandleByIndex(index)
+    return nv, nv.nvmlDeviceGetHandleByIndex(index)
 
 
 def gpu_status(index: int = 0) -> GpuStatus | None:
     """Memory, utilisation, temperature and power of GPU ``index`` in one call (lesson 04's
     watch view); None without NVML.  Never lists processes (that query is slow)."""
-    nv = _init()
-    if nv is None:
+    opened = _open(index)
+    if opened is None:
         return None
-    handle = _handle(nv, index)
-    name = nv.nvmlDeviceGetName(handle)
-    if isinstance(name, bytes):
-        name = name.decode()
-    total, used, free, reserved = _memory_info(nv, handle)
+    nv, handle = opened
     rates = _optional(nv, nv.nvmlDeviceGetUtilizationRates, handle)
     temp = _optional(nv, nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
     power = _optional(nv, nv.nvmlDeviceGetPowerUsage, handle)  # milliwatts
     limit = _optional(nv, nv.nvmlDeviceGetEnforcedPowerLimit, handle)
     return GpuStatus(
         index=index,
-        name=str(name),
-        memory=GpuMemory(index, total, used, free, reserved),
+        name=_name(nv, handle),
+        memory=GpuMemory(index, *_memory_info(nv, handle)),
         gpu_util_pct=None if rates is None else int(rates.gpu),
         memory_util_pct=None if rates is None else int(rates.memory),
         temperature_c=None if temp is None else int(temp),
@@ -199,10 +195,10 @@ class GpuProcess:
 def gpu_processes(index: int = 0) -> list[GpuProcess] | None:
     """The compute processes on GPU ``index`` and their memory; None without NVML or when
     the driver refuses.  Slow-ish (milliseconds): callers throttle it, never poll it per tick."""
-    nv = _init()
-    if nv is None:
+    opened = _open(index)
+    if opened is None:
         return None
-    handle = _handle(nv, index)
+    nv, handle = opened
     try:
         procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)
     except Exception:  # noqa: BLE001
@@ -215,8 +211,5 @@ def gpu_processes(index: int = 0) -> list[GpuProcess] | None:
             procs = None
         if procs is None:
             return None
-    out = []
-    for p in procs:
-        used = getattr(p, "usedGpuMemory", None)
-        out.append(GpuProcess(int(p.pid), None if used is None else int(used)))
-    return out
+    return [GpuProcess(int(p.pid), None if getattr(p, "usedGpuMemory", None) is None
+                       else int(p.usedGpuMemory)) for p in procs]

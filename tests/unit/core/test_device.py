@@ -57,7 +57,7 @@ def test_nvml_without_driver_degrades(monkeypatch):
     assert nvml.list_gpus() == []
     assert nvml.gpu_memory(0) is None
     assert nvml.gpu_utilization(0) is None
-    with pytest.raises(ValueError, match="GPU number"):
+    with pytest.raises(ValueError, match=r"index \(a GPU number\) must be at least 0"):
         nvml.gpu_memory(-1)
 
 
