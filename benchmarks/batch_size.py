@@ -58,10 +58,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 import helpers  # noqa: E402
 from helpers.core.fmt import fmt_seconds  # noqa: E402
+from helpers.memory.state import current_virtual_gpu  # noqa: E402
 
 MiB = 2**20
 STEPS = 2  # steps per trial, for every method
@@ -151,7 +151,8 @@ class Workload:
         if self.fake:
             return (torch.randn(b, *self.sample_shape),
                     torch.randint(0, self.n_classes, (b,)))
-        with _disable_current_modes():
+        gpu = current_virtual_gpu()
+        with gpu.paused() if gpu is not None else contextlib.nullcontext():
             x = torch.from_numpy(self.rng.standard_normal((b, *self.sample_shape),
                                                           dtype=np.float32))
             return x, torch.from_numpy(self.rng.integers(0, self.n_classes, b))

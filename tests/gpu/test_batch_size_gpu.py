@@ -9,7 +9,9 @@ ends at a few GiB, in seconds, whatever the card. Checked:
 
 1. The answer runs (two steps at it raise no out-of-memory error), fits the budget, and the
    search closed (a size within 1 % above it did not fit); memory is back to where it was
-   (``memory_allocated`` equal, ``memory_reserved`` no larger) and the model is unchanged.
+   (``memory_allocated`` equal, ``memory_reserved`` no larger) and the model is unchanged;
+   each trial's reserved peak is at least its allocated one (both read through
+   ``helpers.memory.sources.CudaSource``).
 2. The virtual GPU (CUDA-like allocator, the same capacity) predicts the same answer within
    5 %: the lesson's virtual searches stand for real ones.
 
@@ -30,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import helpers  # noqa: E402
-from helpers.batch_size import warm_up_cuda  # noqa: E402
+from helpers.memory.errors import warm_up_cuda  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 NO_GPU = "needs a CUDA GPU (torch.cuda.is_available() is False): run it on a GPU machine"
@@ -78,6 +80,8 @@ def test_finder_on_a_capped_gpu(capped_gpu):
     assert r.device.startswith("cuda:0")
     assert r.capacity_bytes < torch.cuda.mem_get_info()[1]  # the cap, not the card
     assert r.trial(r.batch_size).fits and any(t.oom for t in r.trials)
+    # read through helpers.memory.sources: what nvidia-smi shows includes the cache
+    assert all(t.reserved_bytes >= t.peak_bytes for t in r.trials if t.fits)
     assert r.smallest_too_big - r.batch_size <= max(8, 0.01 * r.batch_size)
     assert torch.cuda.memory_allocated() == allocated
     assert torch.cuda.memory_reserved() <= reserved + 2 * 2**20
