@@ -7,9 +7,9 @@ mismatch shows up only at the first convolution (``CUDNN_STATUS_SUBLIBRARY_VERSI
 or not at all. ``make gpu-check`` prints :func:`cudnn_report`: each sub-library, whether
 torch's own ``nvidia/cudnn/lib`` holds it, and the file actually mapped into the process.
 
-The pinned ``nvidia-cudnn-cu13==9.20.0.48`` (torch 2.13.0's) lacks
-``libcudnn_engines_tensor_ir.so.9`` (pytorch issues #187824, #188892), so this report flags
-it as missing from torch's folder and shows any other copy that got loaded instead.
+The pinned ``nvidia-cudnn-cu13==9.20.0.48`` (torch 2.13.0's) ships without
+``libcudnn_engines_tensor_ir.so.9``, so this report flags it as missing from torch's folder
+and shows any other copy that got loaded instead.
 
 Linux only (``/proc/self/maps``); elsewhere the results are empty and say why.
 """
@@ -21,6 +21,8 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from .checks import text
 
 __all__ = [
     "CUDNN_SUBLIBRARIES",
@@ -114,12 +116,8 @@ def loaded_libraries(pattern: str = "cudnn", maps_text: str | None = None) -> Lo
         :class:`LoadedLibraries`, sorted by file name then path, one entry per path; empty
         with ``reason`` set where the maps cannot be read (not Linux).
     """
-    if not isinstance(pattern, str):
-        raise TypeError(f"pattern must be a str (a regular expression), got {pattern!r}")
-    if not pattern:
-        raise ValueError("pattern must not be empty")
     try:
-        regex = re.compile(pattern)
+        regex = re.compile(text(pattern, "pattern (a regular expression)", longest=1000))
     except re.error as error:
         raise ValueError(f"pattern is not a valid regular expression: {error}") from None
     if maps_text is not None and not isinstance(maps_text, str):

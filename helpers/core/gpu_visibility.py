@@ -182,6 +182,18 @@ def _cc_floor(torch) -> tuple[int, int]:
         return DEFAULT_CC_FLOOR
 
 
+def _too_old(torch, gpus: list[tuple[str, tuple[int, int]]]) -> str:
+    """The message for the first (name, compute capability) this torch build has no kernels
+    for, or ""."""
+    floor = _cc_floor(torch)
+    for name, (major, minor) in gpus:
+        if (major, minor) < floor:
+            return (f"{name} has compute capability {major}.{minor}, below the "
+                    f"{floor[0]}.{floor[1]} this torch build (CUDA {torch.version.cuda}) has "
+                    "kernels for: use a newer GPU or a torch built for an older CUDA")
+    return ""
+
+
 def _broken_cause(torch, gpus, driver, cuda_driver_version) -> str:
     """The likely cause, and the fix, when torch cannot use GPUs that NVML sees."""
     names = ", ".join(sorted({g.name for g in gpus}))
@@ -198,13 +210,10 @@ def _broken_cause(torch, gpus, driver, cuda_driver_version) -> str:
         return (f"NVIDIA driver {driver} is too old for torch {torch.__version__} (CUDA "
                 f"{torch_cuda} needs driver >= {floor}): update the driver, or use a torch "
                 "built for an older CUDA (README, GPU section)")
-    floor_cc = _cc_floor(torch)
-    old = [g for g in gpus if g.compute_capability and tuple(g.compute_capability) < floor_cc]
+    old = _too_old(torch, [(g.name, g.compute_capability) for g in gpus
+                           if g.compute_capability])
     if old:
-        g = old[0]
-        return (f"{g.name} has compute capability {g.compute_capability[0]}."
-                f"{g.compute_capability[1]}, below the {floor_cc[0]}.{floor_cc[1]} this torch "
-                f"build (CUDA {torch_cuda}) supports: use a newer GPU or an older CUDA build")
+        return old
     return (f"NVML sees {names} (driver {driver}) but torch {torch.__version__} (CUDA "
             f"{torch_cuda}) cannot use it: check `nvidia-smi`, the device files (/dev/nvidia*) "
             "and that the container was started with GPU access")
@@ -258,14 +267,9 @@ def gpu_visibility(*, nvml=None, environ: Mapping[str, str] | None = None) -> Gp
             return GpuVisibility(BROKEN, "torch does not see " + ", ".join(
                 f"GPU {g.index} ({g.name}, {g.uuid})" for g in missing) + ": " +
                 _broken_cause(torch, missing, driver, cuda_driver_version), **common)
-    floor_cc = _cc_floor(torch)
-    old = [p for p in props if (p.major, p.minor) < floor_cc]
+    old = _too_old(torch, [(p.name, (p.major, p.minor)) for p in props])
     if old:
-        p = old[0]
-        return GpuVisibility(BROKEN, f"{p.name} has compute capability {p.major}.{p.minor}, "
-                                     f"below the {floor_cc[0]}.{floor_cc[1]} this torch build "
-                                     f"(CUDA {torch.version.cuda}) has kernels for: use a "
-                                     "newer GPU or a torch built for an older CUDA", **common)
+        return GpuVisibility(BROKEN, old, **common)
     names = ", ".join(p.name for p in props)
     note = f" ({why})" if why else ""
     return GpuVisibility(USABLE, f"torch sees {len(props)} GPU(s): {names}; driver {driver}, "

@@ -1,4 +1,5 @@
-"""Fixtures for the CPU rehearsal of the CUDA branches (issue 14, section 4).
+"""Fixtures for the CPU rehearsal of the CUDA branches: the kit's GPU code paths, run on a
+CPU machine against stand-ins for torch.cuda, NVML and TensorFlow.
 
 ``cuda`` patches ``torch.cuda`` with a :class:`helpers.SimulatedCuda` (one H200) for the
 test; ``fake_nvml`` installs a :class:`helpers.FakeNvml` (same GPU, same UUID). Both are
