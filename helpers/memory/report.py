@@ -270,70 +270,67 @@ class MemoryReport(ShownAsTable):
         Returns:
             The matplotlib Figure (displayed when it ends a notebook cell).
         """
-        return plot_timeline(self, ax=ax, unit=unit, title=title, legend=legend)
+        import matplotlib.pyplot as plt
 
 
-def plot_timeline(report: MemoryReport, ax=None, *, unit=None, title=None, legend=True):
-    import matplotlib.pyplot as plt
-
-    if unit not in (None, "MiB", "GiB"):
-        raise ValueError(f"unit must be 'MiB', 'GiB' or None, got {unit!r}")
-    cols = report.timeline.columns
-    if unit is None:
-        unit = "GiB" if report.peak_bytes >= 2 * 1024**3 else "MiB"
-    scale = 1024**3 if unit == "GiB" else 1024**2
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(8, 3.6), dpi=80)
-        plt.close(fig)  # returned and displayed once, never by pyplot again
-    fig = ax.figure
-    x = cols["point"]
-    n = len(x)
-    # phase shading: contiguous runs
-    start = 0
-    labelled = set()
-    for i in range(1, n + 1):
-        if i == n or cols["phase"][i] != cols["phase"][start] or cols["step"][i] != \
-                cols["step"][start]:
-            ph = cols["phase"][start]
-            ax.axvspan(x[start] - 0.5, x[i - 1] + 0.5, color=_PHASE_SHADES[ph], lw=0,
-                       label=None if ph in labelled else f"{PHASE_TITLES[ph]} phase")
-            labelled.add(ph)
-            start = i
-    # long-lived categories at the bottom, short-lived ones on top
-    cats = [c for c in _STACK_ORDER if any(cols[c])]
-    ys = [[v / scale for v in cols[c]] for c in cats]
-    polys = ax.stackplot(x, *ys, labels=[CATEGORY_TITLES[c] for c in cats],
-                         colors=[_COLOURS[c] for c in cats], step="post")
-    for poly in polys:  # no hairline gaps between the steps
-        poly.set_edgecolor("face")
-        poly.set_linewidth(0.4)
-    if report.rounding:
-        ax.step(x, [v / scale for v in cols["reserved"]], where="post", color="black",
-                lw=1, ls="--", label="reserved (CUDA-like allocator)")
-    for s in sorted(set(cols["step"]))[1:]:
-        first = cols["step"].index(s)
-        ax.axvline(x[first] - 0.5, color="grey", lw=0.8, ls=":")
-    ipeak = max(range(n), key=lambda i: (cols["total"][i], -i))
-    peak = cols["total"][ipeak] / scale
-    ax.plot([x[ipeak]], [peak], marker="v", color="black", ms=7, zorder=5)
-    where = cols["op"][ipeak] + (f"\nin {cols['module'][ipeak]}" if cols["module"][ipeak]
-                                 else "")
-    ax.annotate(f"peak {fmt_bytes(cols['total'][ipeak])}\n{where}", (x[ipeak], peak),
-                xytext=(0.5 if x[ipeak] > n * 0.6 else 0.55, 0.97),
-                textcoords="axes fraction", ha="right" if x[ipeak] > n * 0.6 else "left",
-                va="top", fontsize=8, arrowprops={"arrowstyle": "-", "color": "black",
-                                                  "lw": 0.6})
-    if report.capacity_bytes is not None:
-        cap = (report.capacity_bytes - report.context_bytes) / scale
-        if cap <= peak * 1.6:
-            ax.axhline(cap, color="red", lw=1.2, label=f"{report.virtual_gpu} capacity")
-    ax.set_xlim(x[0] - 0.5, x[-1] + 0.5)
-    ax.set_ylim(0, max(peak * 1.35, 1e-9))
-    ax.set_xlabel("operation (in execution order)")
-    ax.set_ylabel(f"live memory ({unit})")
-    ax.set_title(title if title is not None else
-                 f"{report.title}: peak {fmt_bytes(report.peak_bytes)}", fontsize=10)
-    if legend:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    fig.tight_layout()
-    return fig
+        if unit not in (None, "MiB", "GiB"):
+            raise ValueError(f"unit must be 'MiB', 'GiB' or None, got {unit!r}")
+        cols = self.timeline.columns
+        if unit is None:
+            unit = "GiB" if self.peak_bytes >= 2 * 1024**3 else "MiB"
+        scale = 1024**3 if unit == "GiB" else 1024**2
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(8, 3.6), dpi=80)
+            plt.close(fig)  # returned and displayed once, never by pyplot again
+        fig = ax.figure
+        x = cols["point"]
+        n = len(x)
+        # phase shading: contiguous runs
+        start = 0
+        labelled = set()
+        for i in range(1, n + 1):
+            if i == n or cols["phase"][i] != cols["phase"][start] or cols["step"][i] != \
+                    cols["step"][start]:
+                ph = cols["phase"][start]
+                ax.axvspan(x[start] - 0.5, x[i - 1] + 0.5, color=_PHASE_SHADES[ph], lw=0,
+                           label=None if ph in labelled else f"{PHASE_TITLES[ph]} phase")
+                labelled.add(ph)
+                start = i
+        # long-lived categories at the bottom, short-lived ones on top
+        cats = [c for c in _STACK_ORDER if any(cols[c])]
+        ys = [[v / scale for v in cols[c]] for c in cats]
+        polys = ax.stackplot(x, *ys, labels=[CATEGORY_TITLES[c] for c in cats],
+                             colors=[_COLOURS[c] for c in cats], step="post")
+        for poly in polys:  # no hairline gaps between the steps
+            poly.set_edgecolor("face")
+            poly.set_linewidth(0.4)
+        if self.rounding:
+            ax.step(x, [v / scale for v in cols["reserved"]], where="post", color="black",
+                    lw=1, ls="--", label="reserved (CUDA-like allocator)")
+        for s in sorted(set(cols["step"]))[1:]:
+            first = cols["step"].index(s)
+            ax.axvline(x[first] - 0.5, color="grey", lw=0.8, ls=":")
+        ipeak = max(range(n), key=lambda i: (cols["total"][i], -i))
+        peak = cols["total"][ipeak] / scale
+        ax.plot([x[ipeak]], [peak], marker="v", color="black", ms=7, zorder=5)
+        where = cols["op"][ipeak] + (f"\nin {cols['module'][ipeak]}" if cols["module"][ipeak]
+                                     else "")
+        ax.annotate(f"peak {fmt_bytes(cols['total'][ipeak])}\n{where}", (x[ipeak], peak),
+                    xytext=(0.5 if x[ipeak] > n * 0.6 else 0.55, 0.97),
+                    textcoords="axes fraction", ha="right" if x[ipeak] > n * 0.6 else "left",
+                    va="top", fontsize=8, arrowprops={"arrowstyle": "-", "color": "black",
+                                                      "lw": 0.6})
+        if self.capacity_bytes is not None:
+            cap = (self.capacity_bytes - self.context_bytes) / scale
+            if cap <= peak * 1.6:
+                ax.axhline(cap, color="red", lw=1.2, label=f"{self.virtual_gpu} capacity")
+        ax.set_xlim(x[0] - 0.5, x[-1] + 0.5)
+        ax.set_ylim(0, max(peak * 1.35, 1e-9))
+        ax.set_xlabel("operation (in execution order)")
+        ax.set_ylabel(f"live memory ({unit})")
+        ax.set_title(title if title is not None else
+                     f"{self.title}: peak {fmt_bytes(self.peak_bytes)}", fontsize=10)
+        if legend:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        fig.tight_layout()
+        return fig
