@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .core.checks import device_arg, flag, text, whole_number
+from .core.checks import device_arg, flag, shown, text, whole_number
 from .core.fmt import ShownAsTable
 
 __all__ = [
@@ -121,7 +121,7 @@ def _plain(value, where: str, path: tuple = ()):
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise TypeError(f"{where} has a non-string key {k!r}")
+                raise TypeError(f"{where} has a non-string key {shown(k)}")
             out[str.__str__(k)] = _plain(v, f"{where}[{k!r}]", inner)
         return out
     items = [_plain(v, f"{where}[{i}]", inner) for i, v in enumerate(value)]

@@ -27,7 +27,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .core.checks import choice, positive_int, real_number, text, whole_number
+from .core.checks import (
+    LARGEST,
+    choice,
+    positive_int,
+    real_number,
+    shown,
+    text,
+    whole_number,
+)
 from .core.fmt import ShownAsTable
 
 __all__ = [
@@ -94,9 +102,11 @@ def ddp_plan(n_gpus: int | None = None, *, cpu_processes: int = 2) -> DDPPlan:
 def _check_args(args, name: str) -> list[str]:
     if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
         raise TypeError(f"{name} must be a list of strings, got {type(args).__name__}")
-    bad = [a for a in args if not isinstance(a, (str, int, float)) or isinstance(a, bool)]
-    if bad:
-        raise TypeError(f"{name} must hold strings (or numbers), got {bad[0]!r}")
+    for a in args:
+        if isinstance(a, bool) or not isinstance(a, (str, int, float)):
+            raise TypeError(f"{name} must hold strings (or numbers), got {shown(a)}")
+        if isinstance(a, int) and abs(a) > LARGEST:
+            raise ValueError(f"{name} holds an integer too large for a command: {shown(a)}")
     return [str(a) for a in args]
 
 

@@ -345,3 +345,12 @@ def test_free_port_is_free():
     port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_case_11_a_huge_integer_argument_is_named_not_printed():
+    """Case 11: Python refuses to print an integer of more than 4,300 digits; the error must
+    name the argument instead of quoting that limit."""
+    with pytest.raises(ValueError, match="command holds an integer too large"):
+        command_text(["echo", 10**5000])
+    with pytest.raises(ValueError, match="script_args"):
+        torchrun_command("t.py", [10**5000], nproc_per_node=1)
