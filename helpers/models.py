@@ -70,47 +70,29 @@ class SmallCNN(nn.Module):
         return self.head(self.layers(x))
 
 
-class _Basic(nn.Module):
-    expansion = 1
+class _Block(nn.Module):
+    """A residual block: two 3x3 convolutions (``expansion`` 1, ResNet-18/34), or 1x1, 3x3 and
+    1x1 convolutions with 4x wider output (``expansion`` 4, the bottleneck of ResNet-50+)."""
 
-    def __init__(self, cin: int, width: int, stride: int):
+    def __init__(self, cin: int, width: int, stride: int, expansion: int):
         super().__init__()
-        cout = width * self.expansion
-        self.conv1 = nn.Conv2d(cin, width, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(width)
-        self.conv2 = nn.Conv2d(width, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
+        cout = width * expansion
+        shapes = ([(cin, width, 3, stride), (width, cout, 3, 1)] if expansion == 1 else
+                  [(cin, width, 1, 1), (width, width, 3, stride), (width, cout, 1, 1)])
+        for i, (a, b, kernel, s) in enumerate(shapes, 1):
+            setattr(self, f"conv{i}", nn.Conv2d(a, b, kernel, s, kernel // 2, bias=False))
+            setattr(self, f"bn{i}", nn.BatchNorm2d(b))
+        self.convs = len(shapes)
         self.relu = nn.ReLU(inplace=True)
         self.downsample = _downsample(cin, cout, stride)
 
     def forward(self, x):
         identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
-
-
-class _Bottleneck(nn.Module):
-    expansion = 4
-
-    def __init__(self, cin: int, width: int, stride: int):
-        super().__init__()
-        cout = width * self.expansion
-        self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(width)
-        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(width)
-        self.conv3 = nn.Conv2d(width, cout, 1, bias=False)
-        self.bn3 = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU(inplace=True)
-        self.downsample = _downsample(cin, cout, stride)
-
-    def forward(self, x):
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        return self.relu(out + identity)
+        out = x
+        for i in range(1, self.convs + 1):
+            out = getattr(self, f"bn{i}")(getattr(self, f"conv{i}")(out))
+            out = self.relu(out + identity if i == self.convs else out)
+        return out
 
 
 def _downsample(cin: int, cout: int, stride: int):
@@ -119,12 +101,12 @@ def _downsample(cin: int, cout: int, stride: int):
     return nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
 
 
-_RESNET_LAYOUT = {
-    18: (_Basic, (2, 2, 2, 2)), 34: (_Basic, (3, 4, 6, 3)), 50: (_Bottleneck, (3, 4, 6, 3)),
-    101: (_Bottleneck, (3, 4, 23, 3)), 152: (_Bottleneck, (3, 8, 36, 3)),
+_RESNET_LAYOUT = {  # depth: (block expansion, blocks per stage)
+    18: (1, (2, 2, 2, 2)), 34: (1, (3, 4, 6, 3)), 50: (4, (3, 4, 6, 3)),
+    101: (4, (3, 4, 23, 3)), 152: (4, (3, 8, 36, 3)),
     # ResNet-200 (He et al., 2016, "Identity Mappings in Deep Residual Networks"), with the
     # post-activation blocks of the others; lesson 08's LargeResNet
-    200: (_Bottleneck, (3, 24, 36, 3)),
+    200: (4, (3, 24, 36, 3)),
 }
 
 
@@ -153,7 +135,7 @@ class ResNet(nn.Module):
         _positive(n_classes, "n_classes")
         _positive(in_channels, "in_channels")
         _positive(width, "width")
-        block, counts = _RESNET_LAYOUT[depth]
+        expansion, counts = _RESNET_LAYOUT[depth]
         self.depth = depth
         self.stem = nn.Sequential(
             nn.Conv2d(in_channels, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width),
@@ -164,8 +146,8 @@ class ResNet(nn.Module):
         for stage, count in enumerate(counts):
             w = width * 2**stage
             for i in range(count):
-                blocks.append(block(cin, w, 2 if (i == 0 and stage > 0) else 1))
-                cin = w * block.expansion
+                blocks.append(_Block(cin, w, 2 if (i == 0 and stage > 0) else 1, expansion))
+                cin = w * expansion
         self.layers = nn.Sequential(*blocks)
         self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                                   nn.Linear(cin, n_classes))
