@@ -17,10 +17,12 @@ No torch needed.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .checks import text
 from .fmt import ShownAsTable
 
 __all__ = ["recorded_gpu_results", "RecordedGpuResults", "RESULTS_DIR"]
@@ -40,7 +42,8 @@ class RecordedGpuResults(ShownAsTable):
 
     @property
     def hardware(self) -> dict:
-        return self.data.get("hardware", {})
+        hardware = self.data.get("hardware")
+        return hardware if isinstance(hardware, dict) else {}
 
     @property
     def label(self) -> str:
@@ -79,17 +82,16 @@ def recorded_gpu_results(name: str = "memory", *, directory=None) -> RecordedGpu
         file does not exist (no GPU run recorded yet). A file that exists but is not a
         results file raises ValueError.
     """
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(
-            f"name must be a lowercase file stem such as 'memory', got {name!r}"
-        )
-    folder = RESULTS_DIR if directory is None else Path(directory)
-    path = folder / f"{name}.json"
+    if not _NAME.fullmatch(text(name, "name", longest=100)):
+        raise ValueError(f"name must be a lowercase file stem such as 'memory', got {name!r}")
+    if directory is not None and not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"directory must be a folder path, got {type(directory).__name__}")
+    path = (RESULTS_DIR if directory is None else Path(directory)) / f"{name}.json"
     if not path.is_file():
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path.name} is not valid JSON: {exc}") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise ValueError(f"{path.name} is not a recorded GPU results file (kind {KIND!r})")

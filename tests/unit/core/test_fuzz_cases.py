@@ -147,3 +147,22 @@ def test_the_display_mixin_shows_text_only_types_without_html():
     assert repr(Note()) == str(Note()) == "hello" and Note()._repr_html_() is None
     assert repr(Tabled()) == Table(["a"], [[1]]).text()
     assert Tabled()._repr_html_().startswith("<table>")
+
+
+def test_recorded_results_files_that_are_damaged(tmp_path):
+    """Fuzz report (recorded_gpu_results): "hardware": null gave AttributeError on .label,
+    a file that is not UTF-8 a UnicodeDecodeError, directory=5 an unclear TypeError."""
+    from helpers.core.recorded import KIND, recorded_gpu_results
+
+    (tmp_path / "hwnull.json").write_text(f'{{"kind": "{KIND}", "hardware": null}}')
+    assert "an unknown GPU" in recorded_gpu_results("hwnull", directory=tmp_path).label
+    (tmp_path / "badutf.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match="badutf.json is not valid JSON"):
+        recorded_gpu_results("badutf", directory=tmp_path)
+    with pytest.raises(TypeError, match="directory"):
+        recorded_gpu_results("memory", directory=5)
+    with pytest.raises(TypeError, match="name"):
+        recorded_gpu_results(5)
+    with pytest.raises(ValueError, match="name"):
+        recorded_gpu_results("memory\n")
+    assert recorded_gpu_results("absent", directory=tmp_path) is None
