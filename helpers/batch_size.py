@@ -585,13 +585,14 @@ def find_batch_size(step, *, model=None, optimizer=None, start: int = 32,
             fragmentation, longer inputs, evaluation, other processes. 0 allows the limit.
         steps_per_trial: steps run at each size. 2 (default) also covers Adam-like
             optimizers, whose state appears during the first step, so the second step is the
-            one that needs most memory.
+            one that needs most memory. At most 1000.
         multiple_of: sizes are multiples of this (8 suits tensor cores); 1 finds the exact
             maximum. Sizes below it, and ``maximum`` itself, are allowed.
         tolerance: stop once the answer is proven to be within this share of the largest
             size that fits (default 0.01: a size that fits, and one 1 % larger that does
             not); 0 searches down to the last multiple of ``multiple_of``.
-        max_trials: give up after this many trials (the largest size that fitted is kept).
+        max_trials: give up after this many trials (the largest size that fitted is kept);
+            2 to 1000.
         capacity: the memory to plan against (bytes, "24 GiB" or a card name) when the
             device's total is not the limit, or is unknown (TensorFlow without NVML).
             By default: the virtual GPU's, the CUDA device's, or TensorFlow's limit.
