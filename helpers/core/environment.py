@@ -37,7 +37,8 @@ CUBLAS_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 _SET_BY_SETUP: dict[str, str] = {}
 
 # The TensorFlow side of setup() and device_report(). The core layer never imports TensorFlow:
-# helpers.tf.runtime installs itself here when it is imported (``import helpers`` does that).
+# helpers.tf.runtime installs itself here when it is imported (the helpers package imports it
+# before it hands out setup or device_report).
 # It has configure(seed) -> str | None (what happened to GPU memory) and
 # describe() -> (version, built with CUDA, device names) | None; None: TensorFlow is not
 # installed.
@@ -46,11 +47,9 @@ tensorflow_support = None
 
 def quiet_tensorflow_env() -> dict[str, str]:
     """Set TensorFlow's environment variables (unless the user set them) and return them."""
-    applied = {}
     for key, value in TF_ENV.items():
         os.environ.setdefault(key, value)
-        applied[key] = os.environ[key]
-    return applied
+    return {key: os.environ[key] for key in TF_ENV}
 
 
 @dataclass(repr=False)
@@ -199,13 +198,8 @@ def pick_device(prefer: str = "auto"):
     choice(prefer, "prefer", _DEVICE_KINDS)
     import torch
 
-    available = []
-    if torch.cuda.is_available():
-        available.append("cuda")
     mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        available.append("mps")
-    available.append("cpu")
-    if prefer in available:
-        return torch.device(prefer)
-    return torch.device(available[0])
+    available = [kind for kind, usable in (("cuda", torch.cuda.is_available()),
+                                           ("mps", mps is not None and mps.is_available()))
+                 if usable] + ["cpu"]
+    return torch.device(prefer if prefer in available else available[0])

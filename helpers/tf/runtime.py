@@ -1,8 +1,9 @@
 """The TensorFlow side of ``helpers.setup()`` and ``helpers.device_report()``.
 
 The core layer never imports TensorFlow. Importing this module (the ``helpers`` package does
-it when it is imported) installs it as :data:`helpers.core.environment.tensorflow_support`;
-``setup`` and ``device_report`` call :func:`configure` and :func:`describe` through that hook.
+it before it hands out ``setup`` or ``device_report``) installs it as
+:data:`helpers.core.environment.tensorflow_support`; ``setup`` and ``device_report`` call
+:func:`configure` and :func:`describe` through that hook.
 TensorFlow itself is imported only when one of them runs, so ``import helpers`` stays cheap.
 """
 
