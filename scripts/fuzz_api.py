@@ -74,6 +74,10 @@ OWNERS = {
              "core."),
 }
 
+# the code of the children that run_captured starts here
+CHILD_CODE = ("pass", "import time; time.sleep(2)",
+              "import sys; sys.stdout.buffer.write(bytes([255]))")
+
 CASES = {
     1: "save_checkpoint(extra=NumPy scalar / np.str_ / defaultdict) keeps a loadable file",
     2: "an OOM inside measure_step frees the step's memory without gc.collect()",
@@ -117,6 +121,10 @@ class _Dead(Finding):
 
 
 def _on_alarm(signum, frame):
+    while frame is not None:  # never inside an import: a half-imported module breaks the rest
+        if "importlib._bootstrap" in frame.f_code.co_filename:
+            return  # the alarm repeats every second
+        frame = frame.f_back
     raise Hang()
 
 
@@ -302,6 +310,8 @@ class Fuzzer:
         self.thread_errors: list[str] = []
         self.log = log or (lambda text: None)
         self.trace = trace
+        self.warmed: set[str] = set()
+        self.harness_errors: list[str] = []
         self.edges = edge_values(np)
         self.junk = junk(st)
         self.tmp = Path(tempfile.mkdtemp(prefix="fuzz_api_"))
@@ -319,6 +329,7 @@ class Fuzzer:
             import torch
 
             torch.set_num_threads(1)
+            torch.use_deterministic_algorithms(False)  # imports what setup() would, unalarmed
             self._torch = torch
         return self._torch
 
@@ -339,6 +350,9 @@ class Fuzzer:
         """Run ``fn()`` once, classify the outcome and record it; returns (kind, value)."""
         if self.trace:
             self.log(f"    {label[:150]}")
+        if target not in self.warmed:  # a first call may import a lot: never cut an import
+            self.warmed.add(target)
+            timeout = max(timeout, 90.0)
         out, err = io.StringIO(), io.StringIO()
         n_errors = len(self.thread_errors)
         exc = value = None
@@ -382,7 +396,7 @@ class Fuzzer:
         return kind, (exc if exc is not None else value)
 
     def fuzz(self, name, param, make, kind, *, names=None, documented=(), cost=1, timeout=5.0,
-             check=None, extra=(), target=None):
+             check=None, extra=(), target=None, call=None, exclude=()):
         """``make(value)`` for the edge values and ``examples`` hypothesis draws."""
         if not self.wanted(name):
             return
@@ -393,12 +407,15 @@ class Fuzzer:
         edges = self.edges if cost == 1 else [v for v in self.edges if _in(v, FEW)]
         if cost >= 3:
             edges = edges[::2]
-        values = list(extra) + edges
+        values = [v for v in list(extra) + edges if not _in(v, exclude)]
+        call = call or f"helpers.{name}({param}={{}})"
         self.log(f"  {target} {param}: {len(values)} edge values + {self._n(cost)} draws")
 
         def one(value):
-            self.call(name, target, f"helpers.{name}({param}={short(value)})",
-                      lambda: make(value), valid=kind.valid(value), names=names,
+            if exclude and _in(value, exclude):
+                return
+            self.call(name, target, call.format(short(value)),
+                      lambda: make(value), valid=_validity(kind, value), names=names,
                       documented=documented, timeout=timeout, check=check)
 
         for value in values:
@@ -456,11 +473,18 @@ class Fuzzer:
             time.sleep(0.05)
 
     def children(self):
+        """Live child processes started by the run_captured calls here (their ``-c`` code is
+        one of CHILD_CODE; torch or TensorFlow helper processes are not counted)."""
         try:
             import psutil
 
-            return [c for c in psutil.Process().children(recursive=True)
-                    if c.status() != psutil.STATUS_ZOMBIE]
+            found = []
+            for child in psutil.Process().children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if (child.status() != psutil.STATUS_ZOMBIE
+                            and set(child.cmdline()[1:]) & set(CHILD_CODE)):
+                        found.append(child)
+            return found
         except Exception:  # noqa: BLE001
             return []
 
@@ -469,9 +493,7 @@ class Fuzzer:
         for child in left:
             with contextlib.suppress(Exception):
                 child.kill()
-        with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
+                child.wait(5)
         return left
 
     # ------------------------------------------------------------------ the run
@@ -479,20 +501,29 @@ class Fuzzer:
         steps = [self.t_format, self.t_foundation, self.t_launch, self.t_checkpoint,
                  self.t_memory, self.t_finder, self.t_oom, self.t_watch, self.t_throughput,
                  self.t_data_models, self.t_new_names, self.t_keras]
+        started = time.perf_counter()
         for step in steps:
-            self.log(step.__doc__.strip().splitlines()[0])
-            step()
+            self.log(f"[{time.perf_counter() - started:4.0f} s] "
+                     f"{step.__doc__.strip().splitlines()[0]}")
+            self.guarded(step)
         if cases:
-            for n in range(1, 12):
-                if n != 7:
-                    self.log(f"case {n}: {CASES[n]}")
-                    with self.case(n):
-                        getattr(self, f"case_{n}")()
-            self.log(f"case 7: {CASES[7]}")  # last: on failure it breaks full_scale for good
-            with self.case(7):
-                self.case_7()
-            with self.case(11):
-                self.case_11_progress()  # last too: it may replace helpers.progress
+            # case 7 last: on failure it breaks full_scale for good; the progress part of
+            # case 11 too: it may replace helpers.progress
+            for n, method in [*((n, f"case_{n}") for n in range(1, 12) if n != 7),
+                              (7, "case_7"), (11, "case_11_progress")]:
+                self.log(f"[{time.perf_counter() - started:4.0f} s] case {n}: {CASES[n]}")
+                with self.case(n):
+                    self.guarded(getattr(self, method))
+
+    def guarded(self, step):
+        """Run one area; a bug of the harness itself is reported and the run goes on."""
+        try:
+            step()
+        except Exception:  # noqa: BLE001
+            import traceback
+
+            self.harness_errors.append(traceback.format_exc())
+            self.log("HARNESS ERROR (the run goes on):\n" + traceback.format_exc())
 
     # ============================================================== targets by area
     def t_format(self):
@@ -663,8 +694,7 @@ class Fuzzer:
             return None
 
         commands = [[], [""], ["a\x00b"], [5], "abc", None, [py, 5], [b"x"],
-                    ["/nonexistent/cmd"], ok, [py, "-c", "import sys; sys.stdout.buffer.write("
-                                                  "bytes([255]))"]]
+                    ["/nonexistent/cmd"], ok, [py, "-c", CHILD_CODE[2]]]
         for cmd in commands:
             self.call("run_captured", "run_captured", f"helpers.run_captured({short(cmd)})",
                       lambda c=cmd: h.run_captured(c, timeout=20), names=("command",),
@@ -887,7 +917,8 @@ class Fuzzer:
         tensors = [torch.ones(4), [torch.ones(2), torch.ones(3)], {"a": torch.ones(2)},
                    torch.nn.Linear(2, 2)]
         self.fuzz("VirtualGPU", "objs", track, k_any(st, tensors, valid=_trackable(torch)),
-                  target="VirtualGPU.track", names=("objs", "track", "tensor", "obj"))
+                  target="VirtualGPU.track", call="with helpers.VirtualGPU('1 GiB') as g: "
+                  "g.track({})", names=("objs", "track", "tensor", "obj"))
         self._nesting()
         self.fuzz("full_scale", "device", lambda v: _enter(h.full_scale(v)),
                   k_any(st, [None, "cpu", "cuda", "cuda:0"]), target="full_scale", cost=2)
@@ -1135,7 +1166,10 @@ class Fuzzer:
                             ("device", k_any(st, [None, "cpu"])), ("name", k_str(st)),
                             ("model", k_any(st, [tiny])), ("optimizer", k_any(st, [None]))):
             self.fuzz("check_training", param, lambda v, p=param: ct(**{p: v}), kind,
-                      target="check_training", cost=3, timeout=15)
+                      target="check_training", cost=3, timeout=15,
+                      exclude=(None,) if param == "model" else (),  # LargeResNet: minutes
+                      call=f"helpers.check_training(make_step, batch_size=4, model=Tiny, "
+                      f"small_steps=1, {param}={{}})")
         for label, fn in _make_steps(torch, tiny):
             self.call("check_training", "check_training(make_step shapes)",
                       f"helpers.check_training(<make_step: {label}>, batch_size=4, "
@@ -1158,6 +1192,7 @@ class Fuzzer:
                       kind, target="fix_table/plot_fixes/count_flops/SyntheticImages", cost=2)
         self.fuzz("SyntheticImages", "index", lambda v: si(4, size=8)[v], k_int(st, 0, 3, hi=3),
                   target="fix_table/plot_fixes/count_flops/SyntheticImages",
+                  call="helpers.SyntheticImages(4, size=8)[{}]",
                   names=("index", "idx", "item", "i"), documented=(IndexError,))
         for param, kind in (("n_classes", k_int(st, 1, 10)), ("width", k_int(st, 1, 4))):
             self.fuzz("LargeResNet", param,
@@ -1197,9 +1232,11 @@ class Fuzzer:
         self.fuzz("read_memory", "source", lambda v: self.show(h.read_memory(v)),
                   k_any(st, sources), target="read_memory", cost=2)
         self.fuzz("read_memory", "width", lambda v: h.read_memory().text(v),
-                  k_int(st, 1, 40, hi=1000), target="read_memory", cost=2)
+                  k_int(st, 1, 40, hi=1000), target="read_memory", cost=2,
+                  call="helpers.read_memory().text({})")
         self.fuzz("read_memory", "bar", lambda v: h.read_memory().bar(v),
-                  k_int(st, 1, 40, hi=1000), target="read_memory", names=("width",), cost=2)
+                  k_int(st, 1, 40, hi=1000), target="read_memory", names=("width",), cost=2,
+                  call="helpers.read_memory().bar({})")
 
         def watch(**kw):
             w = h.GpuWatch(**kw)
@@ -1296,17 +1333,20 @@ class Fuzzer:
             p.svg()
             p.close()
 
+        real = k_real(st, finite=False)
         loss = k_any(st, [0.5, torch.tensor(0.5)], valid=lambda v: (
-            True if isinstance(v, numbers.Real) and not _is_bool(v) and math.isfinite(v) else
-            None if isinstance(v, numbers.Real) and not _is_bool(v) else
-            None if isinstance(v, torch.Tensor) and v.numel() == 1 else False))
-        self.fuzz("LivePlot", "loss", lambda v: step(loss=v), loss, target="LivePlot.step")
+            None if isinstance(v, torch.Tensor) and v.numel() == 1 else real.valid(v)))
+        plot_text = "p = helpers.LivePlot(gauge=False, show=False); p.step(loss=1.0, "
+        self.fuzz("LivePlot", "loss", lambda v: step(loss=v), loss, target="LivePlot.step",
+                  call="p = helpers.LivePlot(gauge=False, show=False); p.step(loss={}, "
+                  "samples=4); p.summary(); p.svg()")
         self.fuzz("LivePlot", "samples", lambda v: step(samples=v), k_any(
             st, [None, 4], valid=lambda v: v is None or k_int(st, 0).valid(v)),
-                  target="LivePlot.step")
+                  target="LivePlot.step", call=plot_text + "samples={}); p.summary(); p.svg()")
         self.fuzz("LivePlot", "step", lambda v: step(step=v), k_any(
             st, [None, 4], valid=lambda v: v is None or k_int(st, 0).valid(v)),
-                  target="LivePlot.step")
+                  target="LivePlot.step",
+                  call=plot_text + "samples=4, step={}); p.summary(); p.svg()")
 
         def after_close():
             p = h.LivePlot(gauge=False, show=False)
@@ -1349,7 +1389,8 @@ class Fuzzer:
 
         self.fuzz("StepTimer", "samples", samples, k_any(
             st, [None, 4], valid=lambda v: v is None or k_int(st, 0).valid(v)),
-                  target="StepTimer")
+                  target="StepTimer", call="t = helpers.StepTimer(show=False); t.step(); "
+                  "t.step(samples={}); t.summary()")
 
         def html(v):
             t = h.StepTimer(show=False)
@@ -1357,14 +1398,16 @@ class Fuzzer:
             t.step(samples=4)
             return t.html(last=v)
 
-        self.fuzz("StepTimer", "last", html, k_int(st, 1, 200), target="StepTimer", cost=2)
+        self.fuzz("StepTimer", "last", html, k_int(st, 1, 200), target="StepTimer", cost=2,
+                  call="t = helpers.StepTimer(show=False); t.step(); t.step(samples=4); "
+                  "t.html(last={})")
 
         def wrap(v):
             t = h.StepTimer(show=False)
             return list(t.wrap(v))
 
         self.fuzz("StepTimer", "iterable", wrap, k_any(st, [[1, 2], range(3)]),
-                  target="StepTimer", cost=2)
+                  target="StepTimer", cost=2, call="list(helpers.StepTimer(show=False).wrap({}))")
 
         def misuse(kind):
             t = h.StepTimer(show=False)
@@ -1396,16 +1439,18 @@ class Fuzzer:
             self.fuzz("SlowDataset", param, lambda v, p=param: sd(**{**base, p: v})[0], kind,
                       target="SlowDataset", cost=2)
         ds = sd(**base)
+        ds_text = "helpers.SlowDataset(8, 4, 2, latency_s=0.0)"
         self.fuzz("SlowDataset", "index", lambda v: ds[v], k_int(st, 0, 7, hi=7),
-                  target="SlowDataset", names=("index", "i", "idx"),
+                  target="SlowDataset", call=ds_text + "[{}]", names=("index", "i", "idx"),
                   documented=(IndexError,))
         self.fuzz("SlowDataset", "indices", lambda v: ds.load_batch(v),
                   k_any(st, [[0, 1], [3]]), target="SlowDataset",
+                  call=ds_text + ".load_batch({})",
                   names=("indices", "index", "batch"),
                   extra=[[10**400], [[0, 1], [2]]])
         self.fuzz("SlowDataset", "i", lambda v: ds.decode(v), k_int(st, 0, 7, hi=7),
-                  target="SlowDataset", names=("i", "index"), documented=(IndexError,),
-                  cost=2)
+                  target="SlowDataset", call=ds_text + ".decode({})", names=("i", "index"),
+                  documented=(IndexError,), cost=2)
 
         def runs(v):
             return self.show(h.compare(v, rounds=1))
@@ -1426,7 +1471,7 @@ class Fuzzer:
                   valid=False, names=("notes", "zz"))
         if self.exported("Comparison"):
             self.fuzz("Comparison", "name", lambda v: h.Comparison().speedup(v), k_str(st),
-                      target="compare", cost=2)
+                      target="compare", cost=2, call="helpers.Comparison().speedup({})")
         ct = h.compare_times
         fast = {"a": lambda: None, "b": lambda: None}
         for param, kind in (("rounds", k_int(st, 1, 3)), ("number", k_int(st, 1, 3)),
@@ -1521,8 +1566,9 @@ class Fuzzer:
         if not self.wanted_any("keras_policy", "keras_mixed_policy", "onednn_setting"):
             return
         for value in ("mixed_bfloat16", "float32", "bogus"):
-            self.once("keras_policy", "keras_policy", f"helpers.keras_policy({value!r})",
-                      lambda v=value: h.keras_policy(v), names=("name", "policy"),
+            self.once("keras_policy", "keras_policy",
+                      f"with helpers.keras_policy({value!r}): pass",
+                      lambda v=value: _enter(h.keras_policy(v)), names=("name", "policy"),
                       documented=(ModuleNotFoundError,), timeout=60)
         for value in (None, "cpu", "cuda", 5):
             self.once("keras_mixed_policy", "keras_mixed_policy",
@@ -1645,7 +1691,7 @@ class Fuzzer:
         h = self.h
         if not self.wanted("run_captured"):
             return
-        sleeper = [sys.executable, "-c", "import time; time.sleep(2)"]
+        sleeper = [sys.executable, "-c", CHILD_CODE[1]]
         for value in (math.inf, math.nan, 1e300):
             def run(v=value):
                 try:
@@ -1879,6 +1925,13 @@ class _FakeVGPU:
         self.capacity_bytes, self.allocated_bytes = capacity, allocated
         self.reserved_bytes, self.context_bytes = reserved, context
         self.name = "fake"
+
+
+def _validity(kind, value):
+    try:
+        return kind.valid(value)
+    except Exception:  # noqa: BLE001 - an odd value the rule did not foresee: unknown
+        return None
 
 
 def _in(value, few) -> bool:
@@ -2188,8 +2241,11 @@ def main(argv=None) -> int:
               "seconds": round(time.perf_counter() - started, 1),
               "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
               "summary": summarize(fuzzer.records), "cases": case_results(fuzzer.records),
+              "harness_errors": fuzzer.harness_errors,
               "records": fuzzer.records}
     print(table_text(result, before))
+    if fuzzer.harness_errors:
+        print(f"{len(fuzzer.harness_errors)} harness error(s): see harness_errors in the JSON")
     if out:
         out.write_text(json.dumps(result, indent=1, default=str))
     fuzzer.reap_children()
