@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .checks import text
+from .fmt import ShownAsTable
 
 __all__ = [
     "CUDNN_SUBLIBRARIES",
@@ -69,8 +70,8 @@ class LoadedLibrary:
         return os.path.dirname(self.path)
 
 
-@dataclass(frozen=True)
-class LoadedLibraries:
+@dataclass(frozen=True, repr=False)
+class LoadedLibraries(ShownAsTable):
     """The loaded shared libraries whose file name matches ``pattern``."""
 
     pattern: str
@@ -86,7 +87,7 @@ class LoadedLibraries:
     def paths(self) -> list[str]:
         return [lib.path for lib in self.libraries]
 
-    def __str__(self) -> str:
+    def text(self) -> str:
         if self.reason:
             return f"libraries matching {self.pattern!r}: not known ({self.reason})"
         lines = [f"libraries matching {self.pattern!r}: {len(self)}"]
@@ -140,8 +141,8 @@ def loaded_libraries(pattern: str = "cudnn", maps_text: str | None = None) -> Lo
     return LoadedLibraries(pattern, libraries, reason)
 
 
-@dataclass(frozen=True)
-class CudnnReport:
+@dataclass(frozen=True, repr=False)
+class CudnnReport(ShownAsTable):
     """Where each cuDNN sub-library came from, and what looks wrong (``problems``)."""
 
     checked: bool  # False: no CUDA (or no /proc/self/maps), nothing was loaded or looked at
@@ -155,7 +156,7 @@ class CudnnReport:
     def ok(self) -> bool:
         return self.checked and not self.problems
 
-    def __str__(self) -> str:
+    def text(self) -> str:
         if not self.checked:
             return f"cuDNN libraries: not checked ({self.reason})"
         lines = [f"cuDNN libraries (torch's folder: {self.torch_cudnn_dir or 'not found'})",

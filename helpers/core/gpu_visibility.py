@@ -30,6 +30,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
+from .fmt import ShownAsTable
+
 __all__ = ["GpuVisibility", "NvmlGpu", "gpu_visibility", "USABLE", "HIDDEN", "NO_GPU", "BROKEN",
            "CUDA_DRIVER_FLOOR"]
 
@@ -50,8 +52,8 @@ class NvmlGpu:
     mig: bool = False
 
 
-@dataclass(frozen=True)
-class GpuVisibility:
+@dataclass(frozen=True, repr=False)
+class GpuVisibility(ShownAsTable):
     """The verdict of :func:`gpu_visibility`; ``message`` says why, and what to do if broken."""
 
     verdict: str
@@ -74,7 +76,7 @@ class GpuVisibility:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    def __str__(self) -> str:
+    def text(self) -> str:
         return f"GPU visibility: {self.verdict.upper()}: {self.message}"
 
 
