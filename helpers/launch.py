@@ -246,7 +246,7 @@ def run_captured(
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     for key, value in (env or {}).items():
         if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"env entries must be strings, got {key!r}: {value!r}")
+            raise TypeError(f"env entries must be strings, got {shown(key)}: {shown(value)}")
         full_env[key] = value
     if cwd is not None and not Path(cwd).is_dir():
         raise FileNotFoundError(f"cwd {cwd} is not a folder")

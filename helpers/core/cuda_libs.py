@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checks import text
+from .checks import shown, text
 from .fmt import ShownAsTable
 
 __all__ = [
@@ -190,7 +190,7 @@ def cudnn_findings(loaded: LoadedLibraries, torch_cudnn_dir: str | os.PathLike |
     if not isinstance(loaded, LoadedLibraries):
         raise TypeError(f"loaded must be a LoadedLibraries, got {type(loaded).__name__}")
     if torch_cudnn_dir is not None and not isinstance(torch_cudnn_dir, (str, os.PathLike)):
-        raise TypeError(f"torch_cudnn_dir must be a path or None, got {torch_cudnn_dir!r}")
+        raise TypeError(f"torch_cudnn_dir must be a path or None, got {shown(torch_cudnn_dir)}")
     if loaded.reason:
         return CudnnReport(False, loaded.reason, str(torch_cudnn_dir or ""))
     folder = Path(torch_cudnn_dir) if torch_cudnn_dir is not None else None

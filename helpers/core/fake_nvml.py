@@ -39,6 +39,8 @@ import sys
 import types
 from dataclasses import dataclass, field
 
+from .checks import text, whole_number
+
 __all__ = ["FakeNvml", "FakeGpu", "FAILURES", "NVMLError", "NVMLLibraryMismatchError",
            "simulated_uuid"]
 
@@ -148,12 +150,9 @@ class FakeGpu:
     mig: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name:
-            raise TypeError(f"name must be a non-empty string, got {self.name!r}")
+        text(self.name, "name", longest=200)
         for label in ("total_bytes", "used_bytes", "reserved_bytes"):
-            value = getattr(self, label)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{label} must be an int >= 0, got {value!r}")
+            whole_number(getattr(self, label), label)
         if self.used_bytes + self.reserved_bytes > self.total_bytes:
             raise ValueError("used_bytes + reserved_bytes must not exceed total_bytes")
 
@@ -197,9 +196,7 @@ class FakeNvml(types.ModuleType):
         gpus = list(gpus)
         if not all(isinstance(g, FakeGpu) for g in gpus):
             raise TypeError("gpus must be a FakeGpu or a list of FakeGpu")
-        if not isinstance(driver, str):
-            raise TypeError(f"driver must be a version string such as '580.95.05', got "
-                            f"{driver!r}")
+        text(driver, "driver (a version such as '580.95.05')", longest=100)
         failures = {fail} if isinstance(fail, str) else set(fail)
         unknown = failures - FAILURES
         if unknown:
