@@ -126,7 +126,10 @@ def test_recorded_results_refuse_other_files(tmp_path, content, match):
         helpers.recorded_gpu_results("memory", directory=tmp_path)
 
 
-@pytest.mark.parametrize("name", ["", "../x", "Memory", 3, None])
-def test_recorded_results_names(name):
-    with pytest.raises(ValueError, match="file stem"):
+@pytest.mark.parametrize("name, error, match", [
+    ("", ValueError, "name must not be empty"), ("../x", ValueError, "file stem"),
+    ("Memory", ValueError, "file stem"), (3, TypeError, "name must be a string"),
+    (None, TypeError, "name must be a string")])
+def test_recorded_results_names(name, error, match):
+    with pytest.raises(error, match=match):
         helpers.recorded_gpu_results(name)
