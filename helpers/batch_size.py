@@ -511,39 +511,29 @@ def _first_line(exc: BaseException) -> str:
 # ---------------------------------------------------------------------------- arguments
 def _framework(model, optimizer) -> tuple[str | None, list]:
     """``"torch"`` or ``"tensorflow"`` for a PyTorch or Keras model and optimizer (None when
-    neither is given), and the optimizers as a list; TypeError for anything else."""
-    torch, found = sys.modules.get("torch"), set()
-    if model is not None:
-        if torch is not None and isinstance(model, torch.nn.Module):
-            found.add("torch")
-        elif _keras(model) == "model":
-            found.add("tensorflow")
-        else:
-            raise TypeError(f"model must be a torch.nn.Module or a Keras model, got "
-                            f"{type(model).__name__}")
+    neither is given), and the optimizers as a list; TypeError for anything else.  Keras
+    objects are recognised by helpers.tf.finder, imported only for what is not PyTorch's."""
+    torch = sys.modules.get("torch")
     opts = list(optimizer) if isinstance(optimizer, (list, tuple)) else \
         [] if optimizer is None else [optimizer]
-    if torch is not None and opts and all(isinstance(o, torch.optim.Optimizer) for o in opts):
-        found.add("torch")
-    elif _keras(optimizer) == "optimizer":
-        found.add("tensorflow")
-    elif opts:
+    torch_model = model is None or (torch is not None and isinstance(model, torch.nn.Module))
+    torch_opts = all(torch is not None and isinstance(o, torch.optim.Optimizer) for o in opts)
+    if torch_model and torch_opts:
+        return ("torch" if model is not None or opts else None), opts
+    from .tf.finder import keras_kind
+
+    keras_model, keras_opt = keras_kind(model) == "model", keras_kind(optimizer) == "optimizer"
+    if not (torch_model or keras_model):
+        raise TypeError(f"model must be a torch.nn.Module or a Keras model, got "
+                        f"{type(model).__name__}")
+    if not (torch_opts or keras_opt):
         inside = f" of {', '.join(sorted({type(o).__name__ for o in opts}))}" \
             if isinstance(optimizer, (list, tuple)) else ""
         raise TypeError(f"optimizer must be a torch.optim.Optimizer (or a list of them) or a "
                         f"Keras optimizer, got {type(optimizer).__name__}{inside}")
-    if len(found) > 1:
+    if not ((model is None or keras_model) and (optimizer is None or keras_opt)):
         raise TypeError("model and optimizer must both be PyTorch's or both Keras'")
-    return (found.pop() if found else None), opts
-
-
-def _keras(obj) -> str | None:
-    """"model" or "optimizer" for a Keras one, else None (TensorFlow is never imported)."""
-    if obj is None or not {"keras", "tf_keras"} & sys.modules.keys():
-        return None
-    from .tf.finder import keras_kind
-
-    return keras_kind(obj)
+    return "tensorflow", opts
 
 
 def _checked(start, maximum, margin, tolerance, steps_per_trial, multiple_of,
