@@ -27,16 +27,8 @@ from torch import nn
 from .core.checks import device_arg, flag, shown, text, whole_number
 from .core.fmt import ShownAsTable
 
-__all__ = [
-    "FORMAT",
-    "CheckpointInfo",
-    "load_checkpoint",
-    "read_checkpoint",
-    "rng_state",
-    "save_checkpoint",
-    "set_rng_state",
-    "unwrap",
-]
+__all__ = ["FORMAT", "CheckpointInfo", "load_checkpoint", "read_checkpoint", "rng_state",
+           "save_checkpoint", "set_rng_state", "unwrap"]
 
 FORMAT = "gpu-lessons-checkpoint/1"
 _WRAPPERS = (nn.parallel.DistributedDataParallel, nn.DataParallel)

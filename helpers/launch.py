@@ -27,29 +27,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .core.checks import (
-    LARGEST,
-    choice,
-    positive_int,
-    real_number,
-    shown,
-    text,
-    whole_number,
-)
+from .core.checks import LARGEST, choice, positive_int, real_number, shown, text, whole_number
 from .core.fmt import ShownAsTable
 
-__all__ = [
-    "SCRIPTS",
-    "DDPPlan",
-    "RunResult",
-    "command_text",
-    "ddp_plan",
-    "free_port",
-    "run_captured",
-    "script_path",
-    "tf_config",
-    "torchrun_command",
-]
+__all__ = ["SCRIPTS", "DDPPlan", "RunResult", "command_text", "ddp_plan", "free_port",
+           "run_captured", "script_path", "tf_config", "torchrun_command"]
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 _ENDPOINT = re.compile(r"^\[?([A-Za-z0-9_.:-]+?)\]?:(\d{1,5})$")

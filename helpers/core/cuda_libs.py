@@ -25,30 +25,17 @@ from pathlib import Path
 from .checks import shown, text
 from .fmt import ShownAsTable
 
-__all__ = [
-    "CUDNN_SUBLIBRARIES",
-    "CudnnReport",
-    "LoadedLibraries",
-    "LoadedLibrary",
-    "cudnn_findings",
-    "cudnn_report",
-    "loaded_libraries",
-]
+__all__ = ["CUDNN_SUBLIBRARIES", "CudnnReport", "LoadedLibraries", "LoadedLibrary",
+           "cudnn_findings", "cudnn_report", "loaded_libraries"]
 
 MAPS = "/proc/self/maps"
 # cuDNN 9 sub-libraries that both pip builds read for requirements-gpu*.txt install
 # (nvidia-cudnn-cu13 9.20.0.48, nvidia-cudnn-cu12 9.28.0.42, from their RECORD files:
 # tests/data/gpu_stack.json), plus libcudnn_engines_tensor_ir, which 9.20.0.48 lacks
 CUDNN_SUBLIBRARIES = (
-    "libcudnn",
-    "libcudnn_adv",
-    "libcudnn_cnn",
-    "libcudnn_engines_precompiled",
-    "libcudnn_engines_runtime_compiled",
-    "libcudnn_engines_tensor_ir",
-    "libcudnn_graph",
-    "libcudnn_heuristic",
-    "libcudnn_ops",
+    "libcudnn", "libcudnn_adv", "libcudnn_cnn", "libcudnn_engines_precompiled",
+    "libcudnn_engines_runtime_compiled", "libcudnn_engines_tensor_ir", "libcudnn_graph",
+    "libcudnn_heuristic", "libcudnn_ops",
 )
 _SHARED_LIBRARY = re.compile(r"\.so(\.\d+)*$")
 

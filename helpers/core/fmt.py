@@ -18,19 +18,8 @@ from dataclasses import dataclass
 
 from .checks import flag, real_number, text, whole_number
 
-__all__ = [
-    "KiB",
-    "MiB",
-    "GiB",
-    "fmt_bytes",
-    "fmt_mib",
-    "fmt_gib",
-    "fmt_seconds",
-    "fmt_rate",
-    "fmt_ratio",
-    "Table",
-    "ShownAsTable",
-]
+__all__ = ["KiB", "MiB", "GiB", "fmt_bytes", "fmt_mib", "fmt_gib", "fmt_seconds", "fmt_rate",
+           "fmt_ratio", "Table", "ShownAsTable"]
 
 KiB = 1024
 MiB = 1024**2
