@@ -164,9 +164,11 @@ def compare_times(workloads: Mapping[str, Callable[[], object]], *, rounds: int 
         A :class:`TimeComparison` (``best_seconds``, ``speedup(name)``, a table with ``~``
         numbers).
     """
-    if not isinstance(workloads, Mapping) or not workloads:
-        raise TypeError("workloads must be a non-empty dict of {name: function}, got "
+    if not isinstance(workloads, Mapping):
+        raise TypeError("workloads must be a dict of {name: function}, got "
                         f"{type(workloads).__name__}")
+    if not workloads:
+        raise ValueError("workloads must not be empty")
     for name, fn in workloads.items():
         text(name, "a workload name", longest=200)
         if not callable(fn):
@@ -176,10 +178,7 @@ def compare_times(workloads: Mapping[str, Callable[[], object]], *, rounds: int 
     number = positive_int(number, "number", 10**9)
     warmup = whole_number(warmup, "warmup", 0, 10**9)
     names = tuple(workloads)
-    if baseline is None:
-        baseline = names[0]
-    else:
-        choice(baseline, "baseline", names)
+    baseline = names[0] if baseline is None else choice(baseline, "baseline", names)
     choice(unit, "unit", UNITS)
     wait = sync_function(sync)
     for fn in workloads.values():

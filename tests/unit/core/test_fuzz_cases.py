@@ -166,3 +166,13 @@ def test_recorded_results_files_that_are_damaged(tmp_path):
     with pytest.raises(ValueError, match="name"):
         recorded_gpu_results("memory\n")
     assert recorded_gpu_results("absent", directory=tmp_path) is None
+
+
+def test_compare_times_workloads_follow_the_rule():
+    """An empty dict is a value not accepted (ValueError); a list is the wrong kind."""
+    with pytest.raises(ValueError, match="workloads must not be empty"):
+        compare_times({})
+    with pytest.raises(TypeError, match="workloads must be a dict"):
+        compare_times([lambda: 1])
+    with pytest.raises(TypeError, match="workload 'a' must be a function"):
+        compare_times({"a": 1})
