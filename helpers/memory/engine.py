@@ -330,36 +330,38 @@ class Engine(TorchDispatchMode):
             self.on_oom(err, self.current_op)
         raise err
 
+    def _on_device(self, tensors: list) -> list:
+        """``(tensor, storage)`` of each tensor on the counted device that has a storage."""
+        out = []
+        for t in tensors:
+            if t.device.type == self.device_type:
+                st = _storage(t)
+                if st is not None:
+                    out.append((t, st))
+        return out
+
     def _track_outputs(self, func, kind, out, recorder) -> None:
         if kind == _MUTATE:
             changed = False
-            for t in _flat_tensors(out):
-                if t.device.type == self.device_type:
-                    st = _storage(t)
-                    if st is not None:
-                        rec = self.live.get(id(st))
-                        if rec is None:
-                            if recorder is not None:
-                                recorder.before_alloc(func)
-                            rec = self._register(st, "inputs")
-                            changed = True
-                        elif rec.nbytes != st.nbytes():
-                            if recorder is not None:
-                                recorder.before_alloc(func)
-                            self._resize(rec, st)
-                            changed = True
-                        if self._pending is not None:
-                            return
+            for _, st in self._on_device(_flat_tensors(out)):
+                rec = self.live.get(id(st))
+                if rec is None or rec.nbytes != st.nbytes():
+                    if recorder is not None:
+                        recorder.before_alloc(func)
+                    if rec is None:
+                        self._register(st, "inputs")
+                    else:
+                        self._resize(rec, st)
+                    changed = True
+                if self._pending is not None:
+                    return
             if changed and recorder is not None:
                 recorder.mark(func)
             return
         allocated = False
         label = None
-        for t in _flat_tensors(out):
-            if t.device.type != self.device_type:
-                continue
-            st = _storage(t)
-            if st is None or id(st) in self.live:
+        for _, st in self._on_device(_flat_tensors(out)):
+            if id(st) in self.live:
                 continue
             if label is None:
                 label = recorder.new_label() if recorder is not None else "temporaries"
@@ -372,12 +374,8 @@ class Engine(TorchDispatchMode):
             recorder.mark(func)
 
     def _scan_inputs(self, args, kwargs, recorder) -> None:
-        for t in (_flat_tensors(args, kwargs) if kwargs else _flat_tensors(args)):
-            if t.device.type != self.device_type:
-                continue
-            st = _storage(t)
-            if st is None:
-                continue
+        for t, st in self._on_device(_flat_tensors(args, kwargs) if kwargs
+                                     else _flat_tensors(args)):
             rec = self.live.get(id(st))
             if rec is None:
                 label = "parameters" if _is_param(t) else "inputs"
