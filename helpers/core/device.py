@@ -76,18 +76,12 @@ class DeviceReport(ShownAsTable):
                 rows.append(("  cuDNN", self.cudnn_version))
             rows.append(("  Apple MPS usable", "yes" if self.mps_available else "no"))
         rows.append(("NVIDIA driver", self.driver or f"none ({self.nvml_note})"))
-        if self.gpus:
-            for g in self.gpus:
-                rows.append(
-                    (f"GPU {g.index}", f"{g.name}, {fmt_gib(g.total_bytes, 1)} ({g.source})")
-                )
-        else:
-            rows.append(("GPUs", "none"))
+        rows += [(f"GPU {g.index}", f"{g.name}, {fmt_gib(g.total_bytes, 1)} ({g.source})")
+                 for g in self.gpus] or [("GPUs", "none")]
         rows.append(("TensorFlow", self.tensorflow or "not installed / not checked"))
         if self.tensorflow:
-            built = "yes" if self.tf_built_with_cuda else "no"
-            rows.append(("  built with CUDA", built))
-            rows.append(("  physical devices", ", ".join(self.tf_devices) or "none"))
+            rows += [("  built with CUDA", "yes" if self.tf_built_with_cuda else "no"),
+                     ("  physical devices", ", ".join(self.tf_devices) or "none")]
         return rows
 
     def text(self) -> str:
