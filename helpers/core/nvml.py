@@ -156,7 +156,8 @@ def _open(index):
         return None
     count = nv.nvmlDeviceGetCount()
     if index >= count:
-        raise ValueError(f"there is no GPU {index}: NVML sees {count} GPU(s)")
+        raise ValueError(f"index is {index}, but there is no GPU {index}: NVML sees {count} "
+                         "GPU(s)")
     return nv, nv.nvmlDeviceGetHandleByIndex(index)
 
 

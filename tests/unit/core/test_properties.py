@@ -232,3 +232,12 @@ def test_model_constructors_name_bad_arguments(cls, names, value):
 @given(ANYTHING)
 def test_count_parameters_rejects_a_non_module(value):
     assert rejected(count_parameters, "model", value)
+
+
+# ---------------------------------------------------------------------------------- NVML
+@given(ANYTHING)
+def test_nvml_queries_name_a_bad_gpu_index(index):
+    from helpers.core import nvml
+
+    for query in (nvml.gpu_memory, nvml.gpu_utilization, nvml.gpu_status, nvml.gpu_processes):
+        rejected(query, "index", index)
