@@ -175,6 +175,8 @@ def save_checkpoint(path, *, model: nn.Module, optimizer=None, scaler=None, epoc
         "rng": rng_state(),
         "extra": extra,
     }
+    if path.is_dir():
+        raise ValueError(f"path {path} is a folder; give the checkpoint's file name")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -273,14 +275,19 @@ def load_checkpoint(path, *, model: nn.Module, optimizer=None, scaler=None,
     weights = state["model"]
     if weights and all(k.startswith("module.") for k in weights):  # saved from a wrapper
         nn.modules.utils.consume_prefix_in_state_dict_if_present(weights, "module.")
-    plain.load_state_dict(weights)
-    restored.append("model")
-    for name, obj in (("optimizer", optimizer), ("scaler", scaler)):
+    parts = {"model": (plain, weights), "optimizer": (optimizer, state["optimizer"]),
+             "scaler": (scaler, state["scaler"])}
+    for name, (obj, saved) in parts.items():
         if obj is None:
             continue
-        if state[name] is None:
+        if saved is None:
             raise ValueError(f"{path} holds no {name} state; load it without {name}=")
-        obj.load_state_dict(state[name])
+        try:
+            obj.load_state_dict(saved)
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
+            said = " ".join(str(exc).split())
+            raise ValueError(f"{path} was saved from a different {name} than the {name}= "
+                             f"given ({type(exc).__name__}: {said[:400]})") from None
         restored.append(name)
     if restore_rng:
         restored += [f"rng:{r}" for r in set_rng_state(state["rng"])]

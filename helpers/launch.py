@@ -220,8 +220,8 @@ def run_captured(
     week). Any other error while waiting (Ctrl-C included) kills the group too.
     """
     cmd = _check_args(command, "command")
-    if not cmd:
-        raise ValueError("command must not be empty")
+    if not cmd or not cmd[0].strip():
+        raise ValueError(f"command must start with the program to run, got {shown(cmd)}")
     timeout = real_number(timeout, "timeout", 0, _LONGEST_RUN, above=True)
     if env is not None and not isinstance(env, Mapping):
         raise TypeError(f"env must be a mapping of strings, got {type(env).__name__}")

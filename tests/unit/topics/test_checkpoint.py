@@ -160,7 +160,7 @@ def test_load_rejects_bad_input(tmp_path):
     path = save_checkpoint(tmp_path / "c.pt", model=model, epoch=0)
     with pytest.raises(ValueError, match="no optimizer state"):
         load_checkpoint(path, model=MLP(8, 16, 2, 3), optimizer=optimizer)
-    with pytest.raises(RuntimeError, match="size mismatch"):
+    with pytest.raises(ValueError, match="different model.*size mismatch"):
         load_checkpoint(path, model=MLP(8, 32, 2, 3))
     with pytest.raises(TypeError, match="restore_rng"):
         load_checkpoint(path, model=MLP(8, 16, 2, 3), restore_rng="yes")
@@ -315,3 +315,22 @@ def test_save_names_bad_arguments(tmp_path_factory, name, value):
 def test_set_rng_state_rejects_anything_else(value):
     with pytest.raises(ValueError, match="state"):
         set_rng_state(value)
+
+
+def test_loading_into_a_different_model_or_optimizer_names_the_part(tmp_path):
+    """Fuzz report: a checkpoint of another model gave torch's RuntimeError (size mismatch);
+    now a ValueError naming the file and the part that does not fit."""
+    model, optimizer, _ = trained()
+    path = save_checkpoint(tmp_path / "c.pt", model=model, optimizer=optimizer, epoch=1)
+    with pytest.raises(ValueError, match=r"c\.pt was saved from a different model.*Missing key"):
+        load_checkpoint(path, model=nn.Linear(5, 5))
+    other = nn.Linear(8, 3)
+    with pytest.raises(ValueError, match="different optimizer"):
+        load_checkpoint(path, model=MLP(8, 16, 2, 3),
+                        optimizer=torch.optim.SGD(other.parameters(), lr=0.1))
+
+
+def test_saving_to_a_folder_is_a_clear_error(tmp_path):
+    """Fuzz report: save_checkpoint(<a folder>) raised IsADirectoryError from os.replace."""
+    with pytest.raises(ValueError, match="is a folder"):
+        save_checkpoint(tmp_path, model=nn.Linear(2, 1), epoch=1)

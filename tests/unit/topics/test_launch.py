@@ -354,3 +354,11 @@ def test_case_11_a_huge_integer_argument_is_named_not_printed():
         command_text(["echo", 10**5000])
     with pytest.raises(ValueError, match="script_args"):
         torchrun_command("t.py", [10**5000], nproc_per_node=1)
+
+
+def test_an_empty_program_name_is_refused():
+    """Fuzz report: run_captured(['']) raised PermissionError from the operating system."""
+    with pytest.raises(ValueError, match="command must start with the program"):
+        run_captured([""])
+    with pytest.raises(ValueError, match="command must start with the program"):
+        run_captured(["  ", "x"])
