@@ -123,7 +123,9 @@ def _plain(value, where: str, path: tuple = ()):
 def _file(path) -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
-    return Path(text(os.fspath(path), "path", longest=4096))
+    if "\0" in text(os.fspath(path), "path", longest=4096):
+        raise ValueError(f"path holds a NUL character: {shown(os.fspath(path))}")
+    return Path(path)
 
 
 def _check_parts(optimizer, scaler) -> None:

@@ -89,6 +89,8 @@ def _check_args(args, name: str) -> list[str]:
             raise TypeError(f"{name} must hold strings (or numbers), got {shown(a)}")
         if isinstance(a, int) and abs(a) > LARGEST:
             raise ValueError(f"{name} holds an integer too large for a command: {shown(a)}")
+        if isinstance(a, str) and "\0" in a:
+            raise ValueError(f"{name} holds a string with a NUL character: {shown(a)}")
     return [str(a) for a in args]
 
 
@@ -230,6 +232,8 @@ def run_captured(
         if not isinstance(key, str) or not isinstance(value, str):
             raise TypeError(f"env entries must be strings, got {shown(key)}: {shown(value)}")
         full_env[key] = value
+    if cwd is not None and not isinstance(cwd, (str, os.PathLike)):
+        raise TypeError(f"cwd must be a folder path, got {type(cwd).__name__}")
     if cwd is not None and not Path(cwd).is_dir():
         raise FileNotFoundError(f"cwd {cwd} is not a folder")
 

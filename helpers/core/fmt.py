@@ -132,6 +132,10 @@ class Table:
                      for i, r in enumerate(_iterable(self.rows, "rows"))]
         if self.title is not None:
             self.title = text(self.title, "title", empty=True)
+        self._check_rows()
+
+    def _check_rows(self) -> None:
+        """Every row has one cell per header (checked again when shown: rows is a list)."""
         for i, row in enumerate(self.rows):
             if len(row) != len(self.headers):
                 raise ValueError(
@@ -148,6 +152,7 @@ class Table:
         return all(isinstance(r[col], (int, float)) for r in self.rows)
 
     def text(self) -> str:
+        self._check_rows()
         cells = [[self._cell(v) for v in row] for row in self.rows]
         widths = [
             max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(self.headers)
@@ -175,6 +180,7 @@ class Table:
         return self.text()
 
     def _repr_html_(self) -> str:
+        self._check_rows()
         esc = html.escape
         head = "".join(f"<th>{esc(h)}</th>" for h in self.headers)
         body = "".join(

@@ -176,3 +176,11 @@ def test_compare_times_workloads_follow_the_rule():
         compare_times([lambda: 1])
     with pytest.raises(TypeError, match="workload 'a' must be a function"):
         compare_times({"a": 1})
+
+
+def test_a_row_appended_after_construction_is_checked_when_shown():
+    """Fuzz report: t.rows.append([1, 2]) on a one-column table gave zip()'s message."""
+    table = Table(["a"], [[1]])
+    table.rows.append([1, 2])
+    with pytest.raises(ValueError, match="row 1 has 2 cells but there are 1 headers"):
+        table.text()

@@ -334,3 +334,9 @@ def test_saving_to_a_folder_is_a_clear_error(tmp_path):
     """Fuzz report: save_checkpoint(<a folder>) raised IsADirectoryError from os.replace."""
     with pytest.raises(ValueError, match="is a folder"):
         save_checkpoint(tmp_path, model=nn.Linear(2, 1), epoch=1)
+
+
+def test_a_path_with_a_nul_character_is_named(tmp_path):
+    """Fuzz report: save_checkpoint('a\\x00b.pt') gave 'embedded null byte'."""
+    with pytest.raises(ValueError, match="path holds a NUL character"):
+        save_checkpoint("a\x00b.pt", model=nn.Linear(2, 1), epoch=1)

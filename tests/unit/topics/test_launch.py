@@ -362,3 +362,11 @@ def test_an_empty_program_name_is_refused():
         run_captured([""])
     with pytest.raises(ValueError, match="command must start with the program"):
         run_captured(["  ", "x"])
+
+
+def test_nul_characters_and_a_non_path_cwd_are_named():
+    """Fuzz report: run_captured(['a\\x00b']) gave 'embedded null byte', cwd=0 os's TypeError."""
+    with pytest.raises(ValueError, match="command holds a string with a NUL"):
+        run_captured(["a\x00b"])
+    with pytest.raises(TypeError, match="cwd must be a folder path"):
+        run_captured(["true"], cwd=0)
