@@ -1136,7 +1136,7 @@ class Fuzzer:
                       not callable(v) and False))}
         for param, kind in params.items():
             self.fuzz("find_batch_size", param, lambda v, p=param: find(**{p: v}), kind,
-                      target="find_batch_size", cost=2, documented=documented, timeout=6)
+                      target="find_batch_size", cost=2, documented=documented, timeout=15)
         for label, fn in _finder_steps(torch):
             self.call("find_batch_size", "find_batch_size(step kinds)",
                       f"with VirtualGPU('64 MiB'): find_batch_size(<step: {label}>)",
