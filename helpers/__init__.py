@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 
-
 __version__ = "0.1.0"
 
 # public name -> module that defines it

@@ -21,14 +21,6 @@ Modules:
 ``measure_keras_step`` (TensorFlow/Keras) lives in :mod:`helpers.tf.keras`.
 """
 
-import importlib as _importlib
+from ..core import lazy_submodules as _lazy_submodules
 
-
-def __getattr__(name: str):
-    """``helpers.<layer>.<module>`` without importing it first (imported on first use)."""
-    try:
-        return _importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{name}":
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+__getattr__ = _lazy_submodules(__name__)

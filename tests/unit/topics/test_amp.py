@@ -194,7 +194,7 @@ def test_compare_times_syncs_around_each_timing():
 
 
 @pytest.mark.parametrize("kwargs, error", [
-    ({"workloads": {}}, TypeError), ({"workloads": [lambda: None]}, TypeError),
+    ({"workloads": {}}, ValueError), ({"workloads": [lambda: None]}, TypeError),
     ({"workloads": {"a": 3}}, TypeError), ({"workloads": {"": lambda: None}}, ValueError),
     ({"rounds": 0}, ValueError), ({"number": 1.5}, TypeError), ({"warmup": -1}, ValueError),
     ({"baseline": "zzz"}, ValueError), ({"sync": "tpu"}, ValueError), ({"sync": 3}, TypeError),
