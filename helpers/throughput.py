@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .core.checks import flag, positive_int, real_number, whole_number
+from .core.checks import LARGEST, flag, positive_int, real_number, shown, whole_number
 from .core.fmt import ShownAsTable, Table, fmt_rate, fmt_ratio
 from .core.timing import interleaved_rounds, sync_function
 from .watch.base import LiveView, new_figure, png_bytes
@@ -402,6 +402,8 @@ class Comparison(ShownAsTable):
 
     def speedup(self, name: str, over: str | None = None) -> float | None:
         """Samples/s of ``name`` divided by that of ``over`` (default: the first rung)."""
+        if not self.rows:
+            raise ValueError("this comparison has no rungs: nothing to compare")
         base = self[over] if over is not None else self.rows[0]
         a, b = self[name].samples_per_second, base.samples_per_second
         return a / b if a is not None and b else None
@@ -468,9 +470,9 @@ def compare(runs: Mapping[str, Callable[[], int]], *, rounds: int = 2,
     counts: dict[str, int] = {}
     for name, values in returned.items():
         for n in values:
-            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 < n <= LARGEST:
                 raise ValueError(f"run {name!r} must return the number of samples it "
-                                 f"processed (a positive int), got {n!r}")
+                                 f"processed (a positive int), got {shown(n)}")
             if counts.setdefault(name, int(n)) != n:
                 raise ValueError(f"run {name!r} processed {counts[name]} samples in one round "
                                  f"and {n} in another; each round must do the same work")

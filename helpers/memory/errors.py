@@ -70,8 +70,15 @@ def warm_up_cuda(device=None, *, streams=None) -> None:
     """
     import torch
 
-    device = torch.device("cuda", torch.cuda.current_device()) if device is None \
-        else torch.device(device)
+    from ..core.checks import device_arg
+
+    if isinstance(device, int) and not isinstance(device, bool):
+        device = f"cuda:{device}" if device >= 0 else str(device)
+    device = device_arg("cuda" if device is None else device, "device")
+    if device.type != "cuda":
+        raise ValueError(f"device must be a CUDA device (cuBLAS workspaces), got {device}")
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     for stream in [None] if streams is None else list(streams):
         with (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()), \
                 torch.enable_grad():

@@ -8,6 +8,7 @@ import gc
 import pytest
 import torch
 
+import helpers
 from helpers.memory.capacity import parse_capacity
 from helpers.memory.measure import measure_step
 from helpers.memory.virtual import VirtualGPU, full_scale
@@ -151,3 +152,15 @@ def test_release_after_error_frees_a_failed_steps_tensors_without_gc():
     finally:
         gc.enable()
     release_after_error(None)  # nothing to clear: collects only
+
+
+@pytest.mark.parametrize("device, error", [(None, ValueError), (0, ValueError), (-1, ValueError),
+                                           ("x", ValueError), ("cpu", ValueError),
+                                           (1.5, TypeError)])
+def test_warm_up_cuda_without_cuda_is_a_clear_error(device, error):
+    """Fuzz run after the redesign: warm_up_cuda() on a machine without CUDA raised torch's
+    AssertionError ('Torch not compiled with CUDA enabled') or a raw RuntimeError."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(error, match="device"):
+        helpers.warm_up_cuda(device)

@@ -433,3 +433,12 @@ def test_live_step_timer_is_one_widget_updated_in_place(clock, no_nvml, monkeypa
     timer.close()
     assert len(shown) == 1 and timer.updates >= 2
     assert "5 steps" in timer.widget().value and "data wait 50%" in timer.widget().value
+
+
+def test_fuzz_leftovers_are_clear_errors():
+    """Fuzz run after the redesign: an empty Comparison's speedup() was an IndexError, and a run
+    returning a 400-digit sample count an OverflowError; both are ValueErrors now."""
+    with pytest.raises(ValueError, match="no rungs"):
+        helpers.Comparison().speedup("a")
+    with pytest.raises(ValueError, match="about 400 digits"):
+        helpers.compare({"a": lambda: 10**400})
