@@ -75,9 +75,7 @@ def warm_up_cuda(device=None, *, streams=None) -> None:
     if isinstance(device, int) and not isinstance(device, bool):
         device = f"cuda:{device}" if device >= 0 else str(device)
     device = device_arg("cuda" if device is None else device, "device")
-    if device.type != "cuda":
-        raise ValueError(f"device must be a CUDA device (cuBLAS workspaces), got {device}")
-    if device.index is None:
+    if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     for stream in [None] if streams is None else list(streams):
         with (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()), \
