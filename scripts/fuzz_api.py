@@ -21,7 +21,7 @@ parameter, plus the state scenarios of the review. Each call is classified:
   ``silent`` (a clearly bad input was accepted), ``unclear`` (a ValueError/TypeError whose
   message does not name the argument).
 
-The eleven numbered cases of issue 15 ("Bad input and lost data") are scenarios made of such
+The eleven numbered fuzz cases (bad input and lost data) are scenarios made of such
 calls; a case passes when all of its calls pass.
 
 Everything runs in this one process (at low priority, one torch thread), except the psutil-
@@ -2183,7 +2183,7 @@ def table_text(result: dict, before: dict | None = None) -> str:
     row("soft failures", "soft")
     for k in SOFT:
         row(f"  {k}", "soft_by_kind", k)
-    lines.append("issue 15 cases (Bad input and lost data):")
+    lines.append("numbered fuzz cases (bad input and lost data):")
     for n, c in result["cases"].items():
         old = f"{before['cases'][n]['result']:>5} -> " if before else ""
         lines.append(f"  {n:>2}. {old}{c['result']:<5} {c['title'][:78]}")
@@ -2195,7 +2195,7 @@ def table_text(result: dict, before: dict | None = None) -> str:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="Fuzz the public API of helpers and classify each call as the fuzz "
-                    "review does (hard/soft failures, the 11 cases of issue 15).")
+                    "review does (hard/soft failures, the 11 numbered fuzz cases).")
     parser.add_argument("--repo", default=str(Path(__file__).resolve().parents[1]),
                         help="checkout whose helpers package is imported (default: this one)")
     parser.add_argument("--examples", type=int, default=12,

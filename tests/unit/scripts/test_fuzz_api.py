@@ -135,7 +135,7 @@ def test_harness_runs_end_to_end_on_a_fake_package(tmp_path):
          "--only", "fmt_bytes,parse_capacity", "--examples", "2", "--out", str(out),
          "--quiet"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "inputs tried" in proc.stdout and "issue 15 cases" in proc.stdout
+    assert "inputs tried" in proc.stdout and "numbered fuzz cases" in proc.stdout
     result = json.loads(out.read_text())
     targets = result["summary"]["by_target"]
     assert targets["fmt_bytes"]["failures"] == 0 and targets["fmt_bytes(digits=)"]["failures"] == 0

@@ -1,4 +1,4 @@
-"""Property tests for the live views' constructors and readers (issue 15): every valid
+"""Property tests for the live views' constructors and readers: every valid
 input works, every bad one raises only ValueError or TypeError naming the argument."""
 
 import math
