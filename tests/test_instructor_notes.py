@@ -185,3 +185,32 @@ def test_readme_links_the_notes_before_the_authors_section():
     instructors, authors = text.find("\n## For instructors\n"), text.find("\n## For authors\n")
     assert 0 <= instructors < authors, "'## For instructors' goes just before '## For authors'"
     assert "](docs/instructor-notes.md)" in text[instructors:authors]
+
+
+# a measured figure the notes quote: "~0.88x", "~28.9 µs", "~1,701 samples/s", "~93%"
+FIGURE = re.compile(r"~\d[\d,]*(?:\.\d+)?(?: ?(?:x|%|ms|µs|s|MiB|GiB|samples/s)\b|%)?")
+
+
+def stored_output_text(path):
+    """Every text and HTML output stored in a notebook, whitespace runs collapsed."""
+    parts = []
+    for cell in build.read(path).cells:
+        for out in cell.get("outputs", []):
+            for value in (out.get("text"), out.get("data", {}).get("text/plain"),
+                          out.get("data", {}).get("text/html")):
+                if value:
+                    parts.append(value if isinstance(value, str) else "".join(value))
+    return re.sub(r"\s+", " ", "\n".join(parts))
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_every_measured_figure_the_notes_quote_is_in_the_stored_outputs(path, sections):
+    """The notes quote measured figures ("bf16 ~1.95x on the stored CPU"); each must be what
+    the lesson's stored outputs print, so regenerating outputs (`make outputs`) without
+    updating the notes fails here, naming the figure."""
+    section = sections.get(path.stem, "")
+    text = stored_output_text(path)
+    missing = [m.group(0) for m in FIGURE.finditer(section)
+               if re.sub(r"\s+", " ", m.group(0)) not in text]
+    assert not missing, f"{path.stem}: the notes quote {missing}, which its stored outputs " \
+                        f"do not print: update docs/instructor-notes.md"
