@@ -88,17 +88,38 @@ def warm_up_cuda(device=None, *, streams=None) -> None:
         torch.cuda.synchronize(device)
 
 
-def release_after_error(exc: BaseException | None, empty_cache=None) -> None:
-    """Free what a failed step still holds: the frames of its traceback (and of the errors
-    it was raised from or during) keep the step's tensors alive, so clear them, collect the
-    garbage, then return cached blocks with ``empty_cache`` (a memory source's method, or
-    ``None``)."""
+def release_after_error(exc: BaseException | None, empty_cache=None, *,
+                        last_error: bool = True) -> None:
+    """Free what a failed step still holds, then return cached blocks.
+
+    The frames of an error's traceback (and of the errors it was raised from or during)
+    keep the step's tensors alive: their frames are cleared, the garbage collected, then
+    ``empty_cache`` (a memory source's method, or ``None``) is called.
+
+    Args:
+        exc: the error a step raised, or ``None``.
+        empty_cache: called last, to hand cached blocks back.
+        last_error: also release the error that ended an earlier notebook cell, which
+            IPython keeps for ``%debug``: ``sys.last_exc`` (Python 3.12 and later, read with
+            ``getattr`` so that 3.11 works too) and ``sys.last_value``/``last_traceback``.
+            Their frames are cleared and the four names set to ``None``.
+    """
+    errors = [exc]
+    if last_error:
+        errors += [getattr(sys, "last_exc", None), getattr(sys, "last_value", None)]
+        tb = getattr(sys, "last_traceback", None)
+        if tb is not None:
+            traceback.clear_frames(tb)
+        for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+            if hasattr(sys, name):  # last_exc: Python >= 3.12 (or IPython) only
+                setattr(sys, name, None)
     seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        traceback.clear_frames(exc.__traceback__)
-        exc.__traceback__ = None
-        exc = exc.__cause__ or exc.__context__
+    for exc in errors:
+        while isinstance(exc, BaseException) and id(exc) not in seen:
+            seen.add(id(exc))
+            traceback.clear_frames(exc.__traceback__)
+            exc.__traceback__ = None
+            exc = exc.__cause__ or exc.__context__
     gc.collect()
     if empty_cache is not None:
         empty_cache()
