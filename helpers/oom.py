@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .core.checks import LARGEST, device_arg, positive_int, text, whole_number
+from .core.checks import LARGEST, device_arg, flag, positive_int, text, whole_number
 from .core.fmt import ShownAsTable, Table, fmt_bytes
 from .memory.capacity import parse_capacity, resolve_capacity
 from .memory.errors import is_oom_error, release_after_error
@@ -515,12 +515,18 @@ def _small_scale(make_step, *, device, steps, batch_size, model_factory, opt_fac
 
 # --------------------------------------------------------------------------- compute cost
 def count_flops(make_step: Callable, *, batch_size: int = 256, model=None, optimizer=None,
-                image_size: int = 224) -> float:
+                image_size: int = 224, by_operator: bool = False) -> float | dict[str, float]:
     """Floating-point operations per training sample of one optimizer step, at full scale.
 
-    Counted exactly with ``torch.utils.flop_counter.FlopCounterMode`` on fake tensors
-    (matrix multiplications and convolutions, forward and backward; recomputation included),
-    so checkpointing's extra forward pass shows; the precision does not change the count.
+    Counted exactly with ``torch.utils.flop_counter.FlopCounterMode`` on fake tensors,
+    forward and backward, recomputation included, so checkpointing's extra forward pass
+    shows; the precision does not change the count.  The counter counts only the operators
+    in its table (matrix multiplications, convolutions and attention kernels); elementwise
+    operations, normalization, activations, pooling and the optimizer count as 0.
+
+    Args:
+        by_operator: return ``{operator name: FLOPs per sample}`` (largest first) instead of
+            the total, to see which operators were counted.
     """
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -528,6 +534,7 @@ def count_flops(make_step: Callable, *, batch_size: int = 256, model=None, optim
 
     batch_size, model_factory, opt_factory = _arguments(make_step, batch_size, model, optimizer)
     image_size = positive_int(image_size, "image_size")
+    by_operator = flag(by_operator, "by_operator")
     fs = full_scale()
     with fs:
         net, opt = _build(model_factory, opt_factory, fs.device)
@@ -536,7 +543,11 @@ def count_flops(make_step: Callable, *, batch_size: int = 256, model=None, optim
                              n_classes=1000, device=fs.device, min_updates=1, max_calls=64,
                              read_losses=False)
         del net, opt
-    return counter.get_total_flops() / run.samples
+    if not by_operator:
+        return counter.get_total_flops() / run.samples
+    counts = counter.get_flop_counts().get("Global", {})
+    per_op = {getattr(op, "__name__", str(op)): n / run.samples for op, n in counts.items()}
+    return dict(sorted(per_op.items(), key=lambda item: -item[1]))
 
 
 # --------------------------------------------------------------------------- comparing fixes

@@ -171,6 +171,18 @@ def test_count_flops_sees_recomputation_and_not_the_batch():
     assert helpers.count_flops(plain, batch_size=2, model=Checkpointed) > 1.1 * per_sample
 
 
+def test_count_flops_by_operator_counts_only_the_counters_table():
+    """FlopCounterMode counts matrix multiplications, convolutions and attention only: a
+    ResNet's BatchNorm, ReLU, additions and pooling (and Adam's update) are not in the list."""
+    per_op = helpers.count_flops(plain, batch_size=2, model=small_resnet, by_operator=True)
+    total = helpers.count_flops(plain, batch_size=2, model=small_resnet)
+    assert set(per_op) == {"convolution", "convolution_backward", "addmm", "mm"}
+    assert math.isclose(sum(per_op.values()), total)
+    assert list(per_op.values()) == sorted(per_op.values(), reverse=True)
+    with pytest.raises(TypeError, match="by_operator"):
+        helpers.count_flops(plain, batch_size=2, model=small_resnet, by_operator="yes")
+
+
 def test_synthetic_images():
     data = SyntheticImages(10, size=8, n_classes=4)
     image, label = data[3]
