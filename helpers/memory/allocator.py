@@ -79,11 +79,13 @@ class ExactAllocator(_Stats):
 
     rounding = False
 
-    def malloc(self, n_bytes: int):
+    def malloc(self, n_bytes: int, quiet: bool = False):
+        """A handle for ``n_bytes``; SimulatedOOM when they do not fit (counted in ``n_oom``
+        unless ``quiet``: a caller that falls back, as cuDNN does, raised no error)."""
         if n_bytes <= 0:
             return None
         if self.limit is not None and self.allocated_bytes + n_bytes > self.limit:
-            self.n_oom += 1
+            self.n_oom += not quiet
             raise SimulatedOOM(n_bytes, n_bytes)
         self.allocated_bytes += n_bytes
         self.reserved_bytes = self.allocated_bytes
@@ -158,7 +160,9 @@ class CachingAllocator(_Stats):
         self._segment_ids = itertools.count()
         self._segment_sizes: dict[int, int] = {}
 
-    def malloc(self, n_bytes: int):
+    def malloc(self, n_bytes: int, quiet: bool = False):
+        """A block for ``n_bytes``; SimulatedOOM when no segment fits, even after the cache
+        is emptied (counted in ``n_oom`` unless ``quiet``)."""
         if n_bytes <= 0:
             return None
         size = round_size(n_bytes)
@@ -172,7 +176,7 @@ class CachingAllocator(_Stats):
             if self.limit is not None and self.reserved_bytes + alloc > self.limit:
                 self.empty_cache()  # like release_cached_blocks(), then retry
                 if self.reserved_bytes + alloc > self.limit:
-                    self.n_oom += 1
+                    self.n_oom += not quiet
                     raise SimulatedOOM(n_bytes, alloc)
             seg = next(self._segment_ids)
             self._segment_sizes[seg] = alloc

@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .allocator import ExactAllocator, SimulatedOOM
+from .workspaces import CUBLAS_OPS, CUDNN_OPS
 
 __all__ = ["Engine", "Recorder", "tensors_in", "optimizer_state_tensors", "unique_params",
            "watch_ops", "device_type"]
@@ -206,6 +207,9 @@ class Engine(TorchDispatchMode):
         self.lock = threading.RLock()
         self._pending: SimulatedOOM | None = None
         self.current_op = None
+        # a ``workspaces.Workspaces`` to charge cuBLAS/cuDNN workspaces (VirtualGPU's
+        # ``workspaces=True``); None (the default) charges nothing and changes nothing
+        self.workspaces = None
 
     # ------------------------------------------------------------------ bookkeeping
     def _register(self, st, label: str) -> _Tracked | None:
@@ -314,12 +318,54 @@ class Engine(TorchDispatchMode):
             self._fail()
         out = func(*args, **kwargs)
         self._track_outputs(func, kind, out, recorder)
+        if self.workspaces is not None and self._pending is None:
+            self._charge_workspaces(func)  # after the outputs, as PyTorch's kernels do
         if self._pending is not None:
             # out of memory: this frame must not keep the outputs alive (the traceback holds
             # it), so drop them before raising; their storages are freed right here
             out = args = kwargs = None
             self._fail()
         return out
+
+    def _charge_workspaces(self, func) -> None:
+        """cuBLAS: the first matrix product on a thread allocates that thread's workspace,
+        held afterwards (autograd's backward runs on a device thread of its own on a GPU: a
+        second one). cuDNN: a convolution takes its allowance for the call and frees it; an
+        allowance that does not fit is skipped (PyTorch tries an engine with less workspace),
+        counted in ``workspaces.cudnn_fallbacks``. See :mod:`.workspaces`."""
+        ws = self.workspaces
+        name = func._overloadpacket.__name__
+        if name in CUBLAS_OPS:
+            key = ("backward" if torch._C._current_graph_task_id() != -1
+                   else f"thread {threading.get_ident()}")
+            if key in ws.held:
+                return
+            with self.lock:
+                try:
+                    ws.held[key] = self.allocator.malloc(ws.cublas_bytes)
+                except SimulatedOOM as err:
+                    self._pending = err
+        elif name in CUDNN_OPS and ws.cudnn_bytes > 0:
+            with self.lock:
+                try:
+                    handle = self.allocator.malloc(ws.cudnn_bytes, quiet=True)
+                except SimulatedOOM:
+                    ws.cudnn_fallbacks += 1
+                    return
+                self.allocator.free(handle)
+
+    def clear_workspaces(self) -> int:
+        """Free the cuBLAS workspaces held (``torch._C._cuda_clearCublasWorkspaces()``);
+        returns the bytes freed."""
+        ws = self.workspaces
+        if ws is None:
+            return 0
+        with self.lock:
+            freed = ws.held_bytes
+            for handle in ws.held.values():
+                self.allocator.free(handle)
+            ws.held.clear()
+        return freed
 
     def _fail(self) -> None:
         err, self._pending = self._pending, None

@@ -31,8 +31,9 @@ from ..core.checks import flag, whole_number
 from ..core.fmt import ShownAsTable, fmt_bytes
 from . import state
 from .allocator import CachingAllocator, ExactAllocator, SimulatedOOM
-from .capacity import resolve_capacity
+from .capacity import COMPUTE_CAPABILITY, resolve_capacity
 from .engine import Engine, device_type
+from .workspaces import Workspaces
 
 __all__ = ["VirtualGPU", "full_scale", "current_virtual_gpu", "format_size", "oom_message",
            "is_fake", "is_fake_value_error"]
@@ -231,6 +232,21 @@ class VirtualGPU(ShownAsTable):
             the device ``helpers.pick_device()`` returns, so device-agnostic code counts the
             tensors it puts "on the GPU".
         index: the GPU number shown in messages ("GPU 0").
+        workspaces: also charge what cuBLAS and cuDNN take through PyTorch's allocator on a
+            real GPU (counted in ``allocated_bytes`` and ``reserved_bytes``, not in the
+            context; see :mod:`helpers.memory.workspaces`): one cuBLAS workspace per thread,
+            allocated by the first matrix product (``mm``, ``addmm``, ``bmm``...) and held
+            (the backward pass has its own), and a transient allowance during each
+            convolution. Off (default): tensors only.
+        cublas_workspace: the cuBLAS workspace in bytes or a size string (needs
+            ``workspaces=True``). Default: from ``CUBLAS_WORKSPACE_CONFIG`` if set
+            (``:SIZE:COUNT`` pairs in KiB, summed), else PyTorch's default for the card: 32
+            MiB on H100/H200, ``:4096:2:16:8`` = 8,519,680 bytes on the others (and when the
+            capacity is given as a size).
+        cudnn_workspace: the allowance per convolution (needs ``workspaces=True``). Default:
+            ``CUDNN_CONV_WSCAP_DBG`` (MiB, cuDNN's documented cap) if set, else 64 MiB. When
+            it does not fit, the convolution runs without it, as PyTorch falls back to a
+            cuDNN engine with less workspace (``cudnn_fallbacks`` counts these).
 
     Attributes (read them any time, also from another thread): ``name``, ``capacity_bytes``,
     ``context_bytes``, ``allocated_bytes``, ``reserved_bytes``, ``peak_allocated_bytes``,
@@ -242,7 +258,8 @@ class VirtualGPU(ShownAsTable):
     """
 
     def __init__(self, capacity, *, rounding: bool = False, context_bytes=0,
-                 fake: bool = False, device=None, index: int = 0):
+                 fake: bool = False, device=None, index: int = 0, workspaces: bool = False,
+                 cublas_workspace=None, cudnn_workspace=None):
         card, cap = resolve_capacity(capacity)
         self.capacity_bytes = cap
         self.name = card if card is not None else fmt_bytes(cap)
@@ -261,6 +278,21 @@ class VirtualGPU(ShownAsTable):
         self._allocator = CachingAllocator(limit) if rounding else ExactAllocator(limit)
         self._engine = Engine(self._allocator, device_type=self.device_type,
                               on_oom=self._raise_oom)
+        if flag(workspaces, "workspaces"):
+            sizes = {}
+            for name, value in (("cublas_workspace", cublas_workspace),
+                                ("cudnn_workspace", cudnn_workspace)):
+                sizes[name] = None if value is None else \
+                    resolve_capacity(value, what=name, allow_zero=True)[1]
+            self._engine.workspaces = Workspaces.resolve(
+                compute_capability=COMPUTE_CAPABILITY.get(card),
+                cublas=sizes["cublas_workspace"], cudnn=sizes["cudnn_workspace"])
+        else:
+            for name, value in (("cublas_workspace", cublas_workspace),
+                                ("cudnn_workspace", cudnn_workspace)):
+                if value is not None:
+                    raise ValueError(f"{name} needs workspaces=True (got {name}={value!r} "
+                                     "with workspaces=False)")
         self._full_scale = full_scale(self.device_type) if fake else None
         self._active = False
 
@@ -295,6 +327,29 @@ class VirtualGPU(ShownAsTable):
     @property
     def n_oom(self) -> int:
         return self._allocator.n_oom
+
+    @property
+    def workspaces(self) -> Workspaces | None:
+        """The workspace model (sizes, where they came from, what is held), or None when
+        ``workspaces=False``."""
+        return self._engine.workspaces
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes of cuBLAS workspaces held now (0 with ``workspaces=False``)."""
+        ws = self._engine.workspaces
+        return 0 if ws is None else ws.held_bytes
+
+    @property
+    def cudnn_fallbacks(self) -> int:
+        """Convolutions whose cuDNN allowance did not fit and ran without it."""
+        ws = self._engine.workspaces
+        return 0 if ws is None else ws.cudnn_fallbacks
+
+    def clear_workspaces(self) -> int:
+        """Free the cuBLAS workspaces held, as ``torch._C._cuda_clearCublasWorkspaces()``
+        does on a GPU; the next matrix product allocates one again. Returns the bytes freed."""
+        return self._engine.clear_workspaces()
 
     @property
     def live_tensor_bytes(self) -> int:
@@ -407,6 +462,8 @@ class VirtualGPU(ShownAsTable):
             parts.append(f"{fmt_bytes(self.reserved_bytes)} reserved")
         if self.context_bytes:
             parts.append(f"context {fmt_bytes(self.context_bytes)}")
+        if self._engine.workspaces is not None:
+            parts.append(f"cuBLAS workspaces {fmt_bytes(self.workspace_bytes)}")
         parts.append(f"of {fmt_bytes(self.capacity_bytes)}")
         text = ", ".join(parts[:-1]) + f" {parts[-1]}"
         text += f" (peak {fmt_bytes(self.peak_allocated_bytes)}"
