@@ -81,6 +81,7 @@ _EXPORTS = {
     "ResNet": "models",
     "TransformerBlock": "models",
     "VirtualGPU": "memory.virtual",
+    "first_matmul_memory": "memory.workspaces",  # lesson 04: the cuBLAS workspace, measured
     "SimulatedCuda": "memory.cuda_standin",  # CPU rehearsals of CUDA code (tests/rehearsal)
     "FakeNvml": "core.fake_nvml",
     "current_virtual_gpu": "memory.state",
@@ -93,6 +94,7 @@ _EXPORTS = {
     # mixed precision (lesson 07)
     "amp_settings": "amp",
     "AmpSettings": "amp",
+    "tf32_settings": "amp",
     "trace_dtypes": "amp",
     "compare_memory": "amp",
     "compare_times": "core.timing",
@@ -100,6 +102,7 @@ _EXPORTS = {
     "keras_mixed_policy": "tf.policies",
     "keras_policy": "tf.policies",
     "onednn_setting": "tf.policies",
+    "tf32_enabled": "tf.policies",
     # batch size (lesson 05): the finder
     "find_batch_size": "batch_size",
     "BatchSizeResult": "batch_size",

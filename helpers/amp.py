@@ -1,7 +1,9 @@
 """Mixed precision in PyTorch, made visible (lesson 07).
 
 * :func:`amp_settings`: the autocast dtype for a device and whether a ``GradScaler`` is
-  needed (fp16: yes; bf16: no), with the reason;
+  needed (fp16: yes; bf16: no), with the reason, and what "fp32" means there (TF32);
+* :func:`tf32_settings`: PyTorch's TF32 switches as they are now, and whether they apply on
+  the device (NVIDIA GPUs of compute capability 8.0 and newer), to state with an fp32 baseline;
 * :func:`trace_dtypes`: run a function and list the operations that ran, with the dtypes
   they read and produced, so you can see what autocast casts and what it keeps in fp32;
 * :func:`compare_memory`: memory reports of the same step in different precisions, side by
@@ -22,9 +24,9 @@ from .core.fmt import ShownAsTable, Table, fmt_bytes, fmt_ratio
 from .core.timing import fmt_in_unit
 from .memory.engine import device_type, watch_ops
 
-__all__ = ["AmpSettings", "amp_settings", "trace_dtypes", "DtypeTrace", "OpDtypes",
-           "compare_memory", "MemoryComparison", "parse_dtype", "short_name",
-           "recorded_tables"]
+__all__ = ["AmpSettings", "amp_settings", "TF32Settings", "tf32_settings", "trace_dtypes",
+           "DtypeTrace", "OpDtypes", "compare_memory", "MemoryComparison", "parse_dtype",
+           "short_name", "recorded_tables"]
 
 _DTYPES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -64,6 +66,8 @@ class AmpSettings(ShownAsTable):
     dtype: torch.dtype
     use_scaler: bool
     reason: str
+    #: the TF32 switches when the settings were made (what an fp32 baseline runs in)
+    tf32: TF32Settings | None = None
 
     @property
     def name(self) -> str:
@@ -93,12 +97,10 @@ def amp_settings(device=None, dtype=None) -> AmpSettings:
             newer), fp16 on older NVIDIA GPUs and on Apple's MPS.
 
     Returns:
-        :class:`AmpSettings` with ``autocast()`` and ``grad_scaler()`` ready to use.
+        :class:`AmpSettings` with ``autocast()`` and ``grad_scaler()`` ready to use, and
+        ``tf32``: :func:`tf32_settings` for the device (what its fp32 baseline runs in).
     """
-    kind = device_type(device)
-    if kind not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"mixed precision settings are known for cpu, cuda and mps devices, "
-                         f"not {kind!r}")
+    kind = _amp_device(device)
     if dtype is not None:
         chosen = parse_dtype(dtype)
         reason = "asked for"
@@ -115,7 +117,119 @@ def amp_settings(device=None, dtype=None) -> AmpSettings:
     else:
         chosen, reason = torch.bfloat16, ("CPU autocast supports bf16 best (fp16 is slow "
                                           "on most CPUs)")
-    return AmpSettings(kind, chosen, chosen == torch.float16, reason)
+    return AmpSettings(kind, chosen, chosen == torch.float16, reason, tf32_settings(kind))
+
+
+def _amp_device(device) -> str:
+    kind = device_type(device)
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"mixed precision settings are known for cpu, cuda and mps devices, "
+                         f"not {kind!r}")
+    return kind
+
+
+# ------------------------------------------------------------------------------ TF32
+# PyTorch's TF32 switches (the fp32_precision API of torch 2.9+; torch's own compiler reads it)
+# with their defaults. The older spellings set the same state: allow_tf32 and
+# set_float32_matmul_precision("high"). Mixing the two kinds makes the older getters raise a
+# RuntimeError, so only the new ones are read here.
+_TF32_SWITCHES = (
+    ("fp32 matmul (cuBLAS)", "torch.backends.cuda.matmul.fp32_precision",
+     lambda: torch.backends.cuda.matmul.fp32_precision, "IEEE fp32"),
+    ("cuDNN convolution", "torch.backends.cudnn.conv.fp32_precision",
+     lambda: torch.backends.cudnn.conv.fp32_precision, "TF32"),
+    ("cuDNN RNN", "torch.backends.cudnn.rnn.fp32_precision",
+     lambda: torch.backends.cudnn.rnn.fp32_precision, "TF32"),
+)
+_TF32_CAPABILITY = (8, 0)
+
+
+def _runs_in(value: str) -> str:
+    """An fp32_precision value in words ("none": not set here, which means IEEE fp32)."""
+    return {"tf32": "TF32", "ieee": "IEEE fp32", "none": "IEEE fp32"}.get(value, value)
+
+
+@dataclass(frozen=True, repr=False)
+class TF32Settings(ShownAsTable):
+    """PyTorch's TF32 switches and whether they act on one device.
+
+    TF32 is a tensor-core mode of NVIDIA GPUs from Ampere (compute capability 8.0) on: fp32
+    inputs are rounded to 10 mantissa bits (fp16's precision, fp32's range) and products are
+    summed in fp32. Elsewhere the switches change nothing and fp32 is IEEE fp32.
+    """
+
+    device_type: str
+    capability: tuple[int, int] | None
+    values: tuple[str, ...]   # fp32_precision of matmul, cuDNN conv, cuDNN RNN, as read
+
+    @property
+    def applies(self) -> bool:
+        """True on an NVIDIA GPU of compute capability 8.0 or newer."""
+        return (self.device_type == "cuda" and self.capability is not None
+                and tuple(self.capability) >= _TF32_CAPABILITY)
+
+    @property
+    def matmul_tf32(self) -> bool:
+        """fp32 matrix multiplications run in TF32 on this device."""
+        return self.applies and self.values[0] == "tf32"
+
+    @property
+    def conv_tf32(self) -> bool:
+        """cuDNN convolutions in fp32 run in TF32 on this device."""
+        return self.applies and self.values[1] == "tf32"
+
+    def where(self) -> str:
+        if self.device_type != "cuda":
+            return f"this {self.device_type}"
+        if self.capability is None:
+            return "cuda without a GPU"
+        return f"this GPU (compute capability {self.capability[0]}.{self.capability[1]})"
+
+    def baseline(self) -> str:
+        """One line: what an fp32 step runs in here, and what to do about it."""
+        if not self.applies:
+            why = ("TF32 needs an NVIDIA GPU of compute capability 8.0 or newer"
+                   if self.device_type == "cuda" else "TF32 is a mode of NVIDIA GPUs")
+            return f"fp32 baseline: IEEE fp32 on {self.where()} ({why}; the switches do nothing)"
+        parts = [f"matmuls {_runs_in(self.values[0])}", f"convolutions {_runs_in(self.values[1])}"]
+        advice = ("" if self.matmul_tf32 else
+                  "; torch.backends.cuda.matmul.fp32_precision = 'tf32' speeds fp32 matmuls up")
+        return (f"fp32 baseline on {self.where()}: {', '.join(parts)}: state it with every "
+                f"fp32 time{advice}")
+
+    def table(self) -> Table:
+        rows = [[what, f"{name} = {value!r}", default,
+                 _runs_in(value) if self.applies else "IEEE fp32"]
+                for (what, name, _, default), value in zip(_TF32_SWITCHES, self.values,
+                                                           strict=True)]
+        return Table(["fp32 operation", "switch, as set now", "default",
+                      f"runs in on {self.device_type}"], rows)
+
+    def text(self) -> str:
+        return f"{self.table().text()}\n{self.baseline()}"
+
+    def _html(self) -> str:
+        return f"{self.table()._repr_html_()}<p>{self.baseline()}</p>"
+
+
+def tf32_settings(device=None) -> TF32Settings:
+    """PyTorch's TF32 switches as set now, and whether they act on ``device``.
+
+    Args:
+        device: a torch device or its name (default: ``helpers.pick_device()``).
+
+    Returns:
+        :class:`TF32Settings`: a table of the switches (``fp32_precision`` of cuBLAS matmuls,
+        cuDNN convolutions and RNNs), their defaults, what fp32 runs in on the device, and
+        ``baseline()``, the line to print next to an fp32 time. On CUDA the compute
+        capability comes from ``torch.cuda.get_device_capability()``.
+    """
+    kind = _amp_device(device)
+    capability = None
+    if kind == "cuda" and torch.cuda.is_available():
+        capability = tuple(torch.cuda.get_device_capability())
+    values = tuple(str(read()) for _, _, read, _ in _TF32_SWITCHES)
+    return TF32Settings(kind, capability, values)
 
 
 # ------------------------------------------------------------------------------ tracing

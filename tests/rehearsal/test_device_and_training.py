@@ -54,6 +54,41 @@ def test_amp_settings_ask_the_gpu_about_bf16(capability, dtype, scaler):
     assert sim.calls("is_bf16_supported") == [("is_bf16_supported", False)]
 
 
+@pytest.mark.parametrize("capability, applies", [((8, 0), True), ((7, 0), False)])
+def test_amp_settings_say_what_fp32_runs_in_on_the_gpu(capability, applies):
+    """TF32 acts from compute capability 8.0 on (Ampere); torch 2.13's defaults: matmuls in
+    IEEE fp32, cuDNN convolutions in TF32."""
+    with SimulatedCuda(capability=capability) as sim:
+        tf32 = helpers.amp_settings("cuda").tf32
+    assert ("get_device_capability", "cuda:0") in sim.log
+    assert tf32.capability == capability and tf32.applies is applies
+    assert not tf32.matmul_tf32 and tf32.conv_tf32 is applies
+    major, minor = capability
+    if applies:
+        assert tf32.baseline() == (
+            f"fp32 baseline on this GPU (compute capability {major}.{minor}): matmuls IEEE fp32, "
+            "convolutions TF32: state it with every fp32 time; "
+            "torch.backends.cuda.matmul.fp32_precision = 'tf32' speeds fp32 matmuls up")
+    else:
+        assert tf32.baseline().startswith(
+            f"fp32 baseline: IEEE fp32 on this GPU (compute capability {major}.{minor}) (TF32 "
+            "needs an NVIDIA GPU of compute capability 8.0 or newer")
+    runs_in = [row[-1] for row in tf32.table().rows]
+    assert runs_in == (["IEEE fp32", "TF32", "TF32"] if applies else ["IEEE fp32"] * 3)
+
+
+def test_amp_settings_tf32_after_switching_matmuls_on():
+    before = torch.backends.cuda.matmul.fp32_precision
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        with SimulatedCuda(capability=(9, 0)):
+            tf32 = helpers.tf32_settings("cuda")
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
+    assert tf32.matmul_tf32 and tf32.baseline().endswith(
+        "matmuls TF32, convolutions TF32: state it with every fp32 time")
+
+
 def test_checkpoint_saves_and_restores_every_gpus_rng_state(tmp_path):
     with SimulatedCuda(device_count=2):
         torch.cuda.set_rng_state(torch.full((16,), 3, dtype=torch.uint8), 0)

@@ -34,8 +34,22 @@ def _no_pollers():
 
 
 # ------------------------------------------------------------------------- TensorFlow on a GPU
+@pytest.mark.parametrize("capability, policy", [((7, 5), "mixed_float16"),
+                                                ((8, 0), "mixed_bfloat16")])
+def test_keras_mixed_policy_asks_tensorflow_for_the_gpus_capability(fake_tf, capability,
+                                                                    policy):
+    seen = []
+
+    def details(device):
+        seen.append(device.name)
+        return {"compute_capability": capability, "device_name": "NVIDIA test GPU"}
+
+    fake_tf.config.experimental.get_device_details = details
+    assert helpers.keras_mixed_policy() == policy
+    assert seen == ["/physical_device:GPU:0"]
+
+
 def test_tensorflow_gpu_choices(fake_tf):
-    assert helpers.keras_mixed_policy() == "mixed_float16"
     assert memory_keras._device(None) == "GPU:0"
     assert tf_runtime.memory_growth(fake_tf) == "grow on demand on 1 GPU(s)"
     assert fake_tf.growth == ["/physical_device:GPU:0"]

@@ -2,6 +2,7 @@
 
 import json
 import re
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -39,6 +40,31 @@ def test_cuda_without_a_gpu_falls_back_to_fp16_and_says_why():
     amp = helpers.amp_settings("cuda:0")
     assert amp.dtype == torch.float16 and amp.use_scaler
     assert "no CUDA GPU" in amp.reason
+
+
+def test_tf32_settings_on_a_cpu_read_the_switches_and_say_they_do_nothing():
+    tf32 = helpers.tf32_settings("cpu")
+    assert tf32.values == ("none", "tf32", "tf32")   # torch 2.13's defaults
+    assert not tf32.applies and not tf32.matmul_tf32 and not tf32.conv_tf32
+    text = repr(tf32)
+    assert "torch.backends.cuda.matmul.fp32_precision = 'none'" in text
+    assert "fp32 baseline: IEEE fp32 on this cpu" in text and "<table>" in tf32._repr_html_()
+    assert helpers.amp_settings("cpu").tf32 == tf32
+
+
+def test_tf32_settings_follow_the_switches():
+    before = torch.backends.cuda.matmul.fp32_precision
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        assert helpers.tf32_settings("cpu").values[0] == "tf32"
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
+    assert torch.backends.cuda.matmul.allow_tf32 is False   # restored: the old getter works
+
+
+def test_tf32_settings_reject_unknown_devices():
+    with pytest.raises(ValueError, match="device"):
+        helpers.tf32_settings("gpu")
 
 
 def test_default_device_is_the_picked_one():
@@ -265,18 +291,58 @@ def test_recorded_tables_skip_what_is_missing():
 
 
 # ------------------------------------------------------------------ keras_amp
-@pytest.mark.parametrize("device, policy", [
-    ("GPU", "mixed_float16"), ("gpu:1", "mixed_float16"), ("/device:GPU:0", "mixed_float16"),
-    ("CPU", "mixed_bfloat16"), ("CPU:0", "mixed_bfloat16"),
+@pytest.mark.parametrize("device, capability, policy", [
+    ("GPU", (8, 0), "mixed_bfloat16"), ("gpu:1", (9, 0), "mixed_bfloat16"),   # Ampere, Hopper
+    ("/device:GPU:0", (7, 5), "mixed_float16"), ("GPU", (7, 0), "mixed_float16"),  # T4, V100
+    ("CPU", None, "mixed_bfloat16"), ("CPU:0", (7, 0), "mixed_bfloat16"),   # a CPU: always bf16
 ])
-def test_keras_policy_follows_the_device(device, policy):
-    assert keras_mixed_policy(device) == policy
+def test_keras_policy_follows_the_device_and_its_capability(device, capability, policy):
+    assert keras_mixed_policy(device, capability=capability) == policy
+
+
+def _fake_tf(monkeypatch, capabilities):
+    """A stand-in TensorFlow with one GPU per capability (None: details without one)."""
+    gpus = [SimpleNamespace(name=f"/physical_device:GPU:{i}") for i in range(len(capabilities))]
+    details = {g.name: ({"compute_capability": c} if c else {})
+               for g, c in zip(gpus, capabilities, strict=True)}
+    tf = SimpleNamespace(config=SimpleNamespace(
+        list_physical_devices=lambda kind=None: gpus if kind == "GPU" else [],
+        experimental=SimpleNamespace(get_device_details=lambda d: details[d.name])))
+    monkeypatch.setitem(sys.modules, "tensorflow", tf)
+    return tf
+
+
+@pytest.mark.parametrize("capabilities, policy", [
+    ([(8, 0)], "mixed_bfloat16"), ([(7, 5)], "mixed_float16"), ([None], "mixed_float16"),
+    ([], "mixed_bfloat16"),   # no GPU: the CPU's policy
+])
+def test_keras_policy_asks_tensorflow_for_the_gpus_capability(monkeypatch, capabilities,
+                                                               policy):
+    _fake_tf(monkeypatch, capabilities)
+    assert keras_mixed_policy() == policy
+
+
+def test_keras_policy_agrees_with_amp_settings_for_each_gpu_generation():
+    from helpers.memory.cuda_standin import SimulatedCuda
+
+    for capability in ((7, 0), (7, 5), (8, 0), (8, 6), (9, 0)):
+        with SimulatedCuda(capability=capability):
+            torch_choice = helpers.amp_settings("cuda").name
+        keras_choice = keras_mixed_policy("GPU", capability=capability)
+        assert keras_choice == {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[
+            torch_choice], capability
 
 
 @pytest.mark.parametrize("bad", ["TPU", "", 0])
 def test_keras_policy_rejects_unknown_devices(bad):
     with pytest.raises((ValueError, TypeError), match="GPU"):
         keras_mixed_policy(bad)
+
+
+@pytest.mark.parametrize("bad", [(8,), "8.0", (8, -1), (8.0, 0), (True, 0), [8, 0]])
+def test_keras_policy_rejects_bad_capabilities(bad):
+    with pytest.raises(ValueError, match="capability"):
+        keras_mixed_policy("GPU", capability=bad)
 
 
 def test_onednn_setting_in_words(monkeypatch):
