@@ -5,9 +5,15 @@ Launch with torchrun, one process per GPU (or 2 CPU processes over gloo without 
     torchrun --standalone --nproc_per_node=2 scripts/ddp_train.py --checkpoint run/ddp.pt
 
 Run it again with the same --checkpoint and it resumes where it stopped. SIGTERM or SIGUSR1
-(what SLURM sends before a time limit or a requeue) makes every process stop after the
-current step; rank 0 saves a checkpoint and the run exits cleanly. --stop-after-steps K
-simulates that: each process sends itself SIGTERM after K steps of this run.
+(what SLURM sends before a time limit or a requeue) makes every process stop at the next
+step that reads results (every --log-every steps); rank 0 saves a checkpoint and the run
+exits. From SLURM's SIGTERM to its SIGKILL there are KillWait seconds (site config, default
+30 s): --log-every steps plus a save must fit in them. --stop-after-steps K simulates the
+signal: each process sends itself SIGTERM after K steps of this run.
+
+The loop waits for the device only at those reads: the loss is summed on the device, and
+one all-reduce plus one copy to the host every --log-every steps give the mean loss and the
+stop flag (lessons 01 and 09: a host sync every step stalls the GPU's queue).
 Without torchrun it runs as one process. Used by lesson 03, make stress and
 scripts/slurm_ddp.sbatch.
 """
@@ -29,9 +35,10 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import helpers
 from helpers.checkpoint import load_checkpoint, save_checkpoint
+from helpers.core.fmt import fmt_seconds
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-_stop_signal: list[int] = []
+_stop_signal: list[tuple[int, float]] = []  # (signal number, time.perf_counter() on arrival)
 
 
 def parse_args(argv=None):
@@ -54,10 +61,14 @@ def parse_args(argv=None):
     p.add_argument("--save-grads", type=Path, default=None,
                    help="rank 0 saves the averaged gradients of the first step here")
     p.add_argument("--summary", type=Path, default=None, help="rank 0 writes a JSON summary here")
+    p.add_argument("--log-every", type=int, default=10, metavar="N",
+                   help="read the loss and check for a stop signal every N steps (and at the "
+                        "end of each epoch); only these reads wait for the device")
     p.add_argument("--amp", choices=["auto", "on", "off"], default="auto",
                    help="float16 autocast + GradScaler; auto = on for CUDA, off on CPU")
     args = p.parse_args(argv)
-    for name in ("epochs", "batch_size", "samples", "features", "hidden", "depth", "classes"):
+    for name in ("epochs", "batch_size", "samples", "features", "hidden", "depth", "classes",
+                 "log_every"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
     if args.stop_after_steps is not None and (args.stop_after_steps <= 0 or not args.checkpoint):
@@ -88,10 +99,13 @@ def setup_distributed():
 
 
 def shutdown(code: int = 0):
-    """Leave together and exit without running interpreter teardown.
+    """Leave together, then exit without the interpreter's teardown: a gloo workaround.
 
-    Without this, about 9% of gloo runs aborted at exit ("terminate called without an
-    active exception") when a process tore down while its peer still talked to it.
+    `destroy_process_group()` is the normal end of a DDP script. On the CPU over gloo about
+    9% of runs still aborted at exit ("terminate called without an active exception"): a
+    teardown race in gloo's threads, after training had succeeded. `os._exit` skips that
+    teardown, and with it atexit handlers, `finally` blocks and unflushed files, so flush
+    everything first (loggers, TensorBoard/W&B writers) and use it only if you hit the abort.
     """
     dist.barrier()
     dist.destroy_process_group()
@@ -100,11 +114,16 @@ def shutdown(code: int = 0):
     os._exit(code)
 
 
-def stop_requested(device) -> bool:
-    """True on every process as soon as any one got SIGTERM/SIGUSR1: all stop at one step."""
-    flag = torch.tensor([len(_stop_signal)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return flag.item() > 0
+def read_results(loss_sum, device) -> tuple[float, bool]:
+    """The loop's one wait for the device: (sum of all processes' losses, stop requested).
+
+    One all-reduce carries this process's summed losses and whether it got SIGTERM/SIGUSR1,
+    so every process learns at the same step that any one of them was told to stop.
+    """
+    stats = torch.stack([loss_sum, torch.tensor(float(bool(_stop_signal)), device=device)])
+    dist.all_reduce(stats)
+    total, stops = (v.item() for v in stats.cpu())  # .cpu() waits; the rest is host-side
+    return total, stops > 0
 
 
 def log(rank: int, *parts):
@@ -116,13 +135,16 @@ def main(argv=None):
     args = parse_args(argv)
     rank, world, device = setup_distributed()
     for sig in STOP_SIGNALS:  # SLURM: time limit near, preemption, requeue
-        signal.signal(sig, lambda signum, frame: _stop_signal.append(signum))
+        signal.signal(sig, lambda signum, frame: _stop_signal.append(
+            (signum, time.perf_counter())))
 
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP also broadcasts)
     model = helpers.MLP(args.features, args.hidden, args.depth, args.classes).to(device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     use_amp = args.amp == "on" or (args.amp == "auto" and device.type == "cuda")
+    # fused: one kernel for the update, and GradScaler then skips its per-step host read
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9,
+                                fused=device.type == "cuda")
     scaler = torch.amp.GradScaler(device.type, enabled=use_amp)
 
     x, y = helpers.classification_data(args.samples, args.features, args.classes,
@@ -130,7 +152,8 @@ def main(argv=None):
     dataset = helpers.torch_dataset(x, y)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True,
+                        pin_memory=device.type == "cuda")
     steps_per_epoch = len(loader)
     log(rank, f"world size {world} on {device.type} ({dist.get_backend()}): "
               f"{args.batch_size} samples per process per step, global batch "
@@ -155,43 +178,50 @@ def main(argv=None):
         dist.barrier()  # nobody runs ahead (or exits) before the file is complete
 
     loss_fn = torch.nn.CrossEntropyLoss()
-    run_steps, samples, busy, losses = 0, 0, 0.0, []
-    stopped_by = None
+    loss_sum = torch.zeros((), device=device)  # this process's losses since the last read
+    run_steps, pending, reads, samples, busy, losses = 0, 0, 0, 0, 0.0, []
+    clock, stopped_by = None, None  # clock: when the last read ended (None before the first)
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every process
         for i, (xb, yb) in enumerate(loader):
             if i < skip:  # done before the interruption
                 continue
-            t0 = time.perf_counter()
-            xb, yb = xb.to(device), yb.to(device)
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
                 loss = loss_fn(ddp(xb), yb)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()  # DDP all-reduces (averages) gradients here
-            scaler.unscale_(optimizer)
             if args.save_grads is not None and epoch == 0 and i == 0:
+                scaler.unscale_(optimizer)
                 save_first_grads(args.save_grads, ddp, sampler, args, rank, world)
             scaler.step(optimizer)
             scaler.update()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if run_steps > 0:  # the first step includes one-off set-up costs
-                busy += time.perf_counter() - t0
-                samples += len(xb)
-            run_steps += 1
-            mean_loss = loss.detach().clone()
-            dist.all_reduce(mean_loss)
-            totals["loss_sum"] += mean_loss.item() / world
-            totals["steps"] += 1
+            loss_sum += loss.detach().float()  # on the device: nothing waits here
+            run_steps, pending = run_steps + 1, pending + 1
             if args.stop_after_steps is not None and run_steps == args.stop_after_steps:
                 signal.raise_signal(signal.SIGTERM)  # what SLURM would send
-            if stop_requested(device):
-                stopped_by = signal.Signals(_stop_signal[0]).name if _stop_signal else "a peer"
+            step = epoch * steps_per_epoch + i + 1
+            if run_steps > 1 and i + 1 < steps_per_epoch and step % args.log_every:
+                continue  # no read this step: the host queues the next one at once
+            total, stop = read_results(loss_sum, device)  # waits for the device
+            reads += 1
+            if clock is not None:  # the first step includes one-off set-up costs
+                busy += time.perf_counter() - clock
+                samples += pending * args.batch_size
+            totals["loss_sum"] += total / world
+            totals["steps"] += pending
+            loss_sum.zero_()
+            pending = 0
+            if stop:
+                stopped_by = signal.Signals(_stop_signal[0][0]).name if _stop_signal else "a peer"
                 checkpoint(epoch, i + 1)
-                log(rank, f"{stopped_by} after step {epoch * steps_per_epoch + i + 1}: rank 0 "
-                          f"saved {args.checkpoint} (epoch {epoch + 1}, step {i + 1} of "
-                          f"{steps_per_epoch}); run the same command again to resume")
+                waited = (f", {fmt_seconds(time.perf_counter() - _stop_signal[0][1])} after "
+                          "the signal" if _stop_signal and args.checkpoint else "")
+                log(rank, f"{stopped_by} after step {step}: rank 0 saved {args.checkpoint} "
+                          f"(epoch {epoch + 1}, step {i + 1} of {steps_per_epoch}){waited}; "
+                          "run the same command again to resume")
                 break
+            clock = time.perf_counter()
         if stopped_by:
             break
         skip = 0
@@ -201,11 +231,13 @@ def main(argv=None):
         checkpoint(epoch + 1, 0)
         if args.checkpoint is not None:
             log(rank, f"rank 0 saved {args.checkpoint} (epoch {epoch + 1})")
+        clock = time.perf_counter() if clock is not None else None
 
     rates = [None] * world
     dist.all_gather_object(rates, {"samples": samples, "seconds": busy})
     if rank == 0:
-        report(args, world, device, rates, losses, stopped_by)
+        report(args, world, device, rates, losses, stopped_by,
+               {"steps": run_steps, "host_reads": reads, "log_every": args.log_every})
     shutdown(0)
 
 
@@ -222,7 +254,7 @@ def save_first_grads(path, ddp, sampler, args, rank, world):
         torch.save({"grads": grads, "batches": batches, "config": config}, path)
 
 
-def report(args, world, device, rates, losses, stopped_by):
+def report(args, world, device, rates, losses, stopped_by, loop):
     per_rank = [s["samples"] / s["seconds"] if s["seconds"] > 0 else 0.0 for s in rates]
     if any(per_rank):
         print("throughput per process (steps after the first):", flush=True)
@@ -235,7 +267,7 @@ def report(args, world, device, rates, losses, stopped_by):
             "world_size": world, "device": device.type, "backend": dist.get_backend(),
             "batch_per_process": args.batch_size, "global_batch": args.batch_size * world,
             "epoch_losses": losses, "finished": stopped_by is None, "stopped_by": stopped_by,
-            "samples_per_s": per_rank,
+            "samples_per_s": per_rank, **loop,
         }, indent=1))
 
 
