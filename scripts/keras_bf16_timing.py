@@ -3,6 +3,7 @@
     python scripts/keras_bf16_timing.py                  # oneDNN at TensorFlow's default
     python scripts/keras_bf16_timing.py --onednn off     # as in the lessons (helpers.setup)
     python scripts/keras_bf16_timing.py --json           # one JSON line instead of the table
+    python scripts/keras_bf16_timing.py --policy mixed_float16   # fp16 instead (GPUs)
 
 Why a process of its own: ``TF_ENABLE_ONEDNN_OPTS`` is read once, when TensorFlow starts.
 ``helpers.setup`` sets it to ``0`` in every lesson kernel (the kit needs TensorFlow's BFC
@@ -25,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
-POLICY = "mixed_bfloat16"
+POLICIES = ("mixed_bfloat16", "mixed_float16")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -34,6 +35,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--onednn", choices=("default", "off"), default="default",
                    help="default: TF_ENABLE_ONEDNN_OPTS unset (TensorFlow's default); "
                         "off: TF_ENABLE_ONEDNN_OPTS=0 (helpers.setup's)")
+    p.add_argument("--policy", choices=POLICIES, default=POLICIES[0],
+                   help="the mixed policy timed against float32 (default mixed_bfloat16)")
     p.add_argument("--batch", type=int, default=512, help="samples per step (default 512)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
@@ -73,10 +76,12 @@ def main(argv=None) -> int:
     import helpers
 
     keras = tf.keras
+    if args.policy == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
+        print("note: mixed_float16 on a CPU is very slow with oneDNN on", file=sys.stderr)
     keras.utils.set_random_seed(0)
     x, y = helpers.classification_data(n_samples=args.batch, n_features=256, n_classes=10)
     models = {}
-    for policy in ("float32", POLICY):
+    for policy in ("float32", args.policy):
         with helpers.keras_policy(policy):
             model = build_classifier(keras)
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
@@ -87,12 +92,13 @@ def main(argv=None) -> int:
         rounds=args.rounds, warmup=1)
     setting = helpers.onednn_setting()
     if args.json:
-        print(json.dumps({"onednn": setting, "batch": args.batch,
-                          "seconds": times.best_seconds, "speedup": times.speedup(POLICY)}))
+        print(json.dumps({"onednn": setting, "batch": args.batch, "policy": args.policy,
+                          "seconds": times.best_seconds,
+                          "speedup": times.speedup(args.policy)}))
     else:
         print(times)
-        print(f"{POLICY} ran {helpers.fmt_ratio(times.speedup(POLICY))} as fast as float32, "
-              f"with {setting}")
+        print(f"{args.policy} ran {helpers.fmt_ratio(times.speedup(args.policy))} as fast as "
+              f"float32, with {setting}")
     return 0
 
 
