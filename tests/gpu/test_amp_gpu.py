@@ -230,7 +230,9 @@ def keras_speed(*, width: int = 4096, batch: int = 4096, rounds: int = 5,
     times = helpers.compare_times(fns, rounds=rounds, number=number, warmup=2)
     return {"width": width, "batch": batch, "seconds": times.best_seconds,
             "speedup": {p: times.speedup(p) for p in times.names},
-            "onednn": helpers.onednn_setting()}
+            "onednn": helpers.onednn_setting(),
+            # TensorFlow's default: fp32 matmuls and convolutions in TF32 on Ampere and newer
+            "tf32": helpers.tf32_enabled()}
 
 
 def hardware() -> dict:
@@ -252,8 +254,10 @@ def hardware() -> dict:
 
 def settings() -> dict:
     """Settings that change fp32 speed on GPUs (TF32) and the comparison's method."""
-    return {"matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+    tf32 = helpers.tf32_settings("cuda")   # the fp32_precision switches (never raises)
+    return {"fp32_precision": dict(zip(("cuda.matmul", "cudnn.conv", "cudnn.rnn"),
+                                       tf32.values, strict=True)),
+            "fp32_baseline": tf32.baseline(),
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "timing": "helpers.compare_times: best of 5 interleaved rounds of 5 steps, "
                       "CUDA synchronised; fp16 with GradScaler",
