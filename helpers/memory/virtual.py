@@ -215,6 +215,13 @@ class VirtualGPU(ShownAsTable):
     backward pass or the optimizer step alike. Storages are watched through weak references
     only: after the error is handled, nothing the virtual GPU counted stays referenced.
 
+    How close it is to a real card: exact for the tensor storages of the operations it sees.
+    It does not see kernels that exist only on CUDA (flash and memory-efficient attention
+    save other tensors than the CPU's math path), CUDA's autocast op lists (the CPU's
+    differ), NCCL's buffers, or, unless ``workspaces=True``, the cuBLAS and cuDNN workspaces;
+    its out-of-memory error has CUDA's wording with simulated numbers. A real card shows
+    more: workspaces, the real context, fragmentation (streams, expandable segments).
+
     Args:
         capacity: bytes, ``"48GB"``, ``"48 GiB"`` or a known card (``"L40S"``, ``"A100-80GB"``,
             ``"H100-80GB"``, ``"H200"``, ``"T4"``, ``"V100-16GB"``, ``"V100-32GB"``,
