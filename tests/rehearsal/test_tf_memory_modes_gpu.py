@@ -193,3 +193,11 @@ def test_the_fake_keeps_tensorflows_rules():
     tf.config.list_logical_devices()
     with pytest.raises(RuntimeError, match="cannot be modified after being initialized"):
         tf.config.set_logical_device_configuration(gpu, [LogicalDeviceConfiguration(2048)])
+
+
+def test_without_nvml_the_settings_are_still_read_back(fake_tf, monkeypatch, capsys):
+    monkeypatch.setattr(modes, "_nvml_used", lambda: None)  # no driver library, say
+    assert modes.main(["limit", "--mib", "2048"]) == 0
+    out = capsys.readouterr().out
+    assert "read back: GPU:0 memory growth False, logical devices ['2048 MiB']" in out
+    assert out.rstrip().endswith("NVML not available: no memory figures")
