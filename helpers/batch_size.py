@@ -11,7 +11,7 @@
     with helpers.VirtualGPU("L40S"):           # or on a real GPU, without the `with`
         result = helpers.find_batch_size(step, model=model, optimizer=optimizer)
     result.batch_size                           # the answer; result.trials: every try
-    result.plot()                               # memory and throughput against batch size
+    result.plot()                               # memory (and, on a real device, samples/s)
 
 How it searches.  Memory grows almost linearly with the batch size (activations and the batch
 itself scale with it; weights, gradients and optimizer state do not), so measured trials
@@ -34,7 +34,9 @@ are restored to their state before the search, the error's traceback frames are 
 garbage is collected and the (virtual or CUDA) allocator's cache is emptied, so each trial
 starts from the same memory and, afterwards, memory is back where it started (on CUDA,
 measured from a baseline read after a warm-up matmul: cuBLAS's workspaces, which
-``empty_cache()`` never frees, are part of it; :func:`warm_up_cuda`).  Memory is read through
+``empty_cache()`` never frees, are part of it; :func:`warm_up_cuda`).  Trials on a real device
+report samples/s; on a virtual GPU they do not: there a step's time is mostly the bookkeeping
+of every tensor, not the speed of any device.  Memory is read through
 :mod:`helpers.memory.sources`; Keras models and optimizers are handled by
 :mod:`helpers.tf.finder`.  Used by lesson 05.
 """
@@ -87,8 +89,9 @@ class Trial:
     besides (the CUDA context, other processes). ``reserved_bytes`` is what ``nvidia-smi``
     showed at the peak: the same plus the caching allocator's cache, which the allocator
     gives back when memory runs short. Both are None after an out-of-memory error or where
-    no statistics exist.  ``samples_per_s`` is measured over the steps after the first (None
-    with fake tensors, which compute nothing).  ``why`` says how the size was chosen.
+    no statistics exist.  ``samples_per_s`` is measured over the steps after the first on a
+    real device; it is None on a virtual GPU (the time there is the bookkeeping's, not a
+    throughput; fake tensors compute nothing at all).  ``why`` says how the size was chosen.
     """
 
     batch_size: int
@@ -118,6 +121,8 @@ class BatchSizeResult(ShownAsTable):
     measured sizes).  ``baseline_bytes`` and ``after_bytes`` are the bytes allocated before
     and after the search (equal when everything was released; on CUDA the baseline is read
     after a warm-up matmul, so it includes cuBLAS's workspaces, which are never freed).
+    ``virtual`` is True when the search ran on a virtual GPU: its trials have no samples/s,
+    and the table leaves that column out.
     """
 
     batch_size: int
@@ -135,6 +140,7 @@ class BatchSizeResult(ShownAsTable):
     fixed_bytes: float | None = None
     bytes_per_sample: float | None = None
     notes: list[str] = field(default_factory=list)
+    virtual: bool = False
 
     @property
     def n_trials(self) -> int:
@@ -173,10 +179,12 @@ class BatchSizeResult(ShownAsTable):
             rate = "-" if t.samples_per_s is None else fmt_rate(t.samples_per_s, unit="").rstrip()
             rows.append([i, t.batch_size, t.why, t.outcome,
                          fmt_bytes(t.peak_bytes) if measured else "-", share, rate])
+        headers = ["trial", "batch size", "chosen by", "result", "peak memory", "of capacity"]
+        if self.virtual:  # no throughput on a virtual GPU (a note says why)
+            return Table(headers, [row[:-1] for row in rows])
         # measured numbers last, under a header longer than any of them: the layout stays
         # the same when the notebook tests mask them
-        return Table(["trial", "batch size", "chosen by", "result", "peak memory",
-                      "of capacity", "samples/s (measured)"], rows)
+        return Table([*headers, "samples/s (measured)"], rows)
 
     def summary(self) -> str:
         limit = "memory (no capacity known: out-of-memory errors decide)"
@@ -214,8 +222,9 @@ class BatchSizeResult(ShownAsTable):
         """Peak memory and throughput of every trial against batch size, with the capacity.
 
         Trials that fit are dots, those over the budget or out of memory are crosses drawn
-        at the capacity line; the fitted memory line is dotted; throughput (where measured)
-        is on the right-hand axis.  Returns the matplotlib Figure.
+        at the capacity line; the fitted memory line is dotted; throughput (measured on a
+        real device, never on a virtual GPU) is on the right-hand axis.  Returns the
+        matplotlib Figure.
         """
         return _plot(self, ax=ax, unit=unit, title=title)
 
@@ -337,6 +346,7 @@ class _Search:
         self.step, self.restore = step, restore
         self.source, self.name, self.capacity, self.other, gpu = where
         self.fake = bool(gpu is not None and gpu.fake)
+        self.virtual = gpu is not None  # its step times are bookkeeping, not throughput
         self.start, self.maximum, self.margin, self.tolerance = start, maximum, margin, tolerance
         self.steps, self.m, self.max_trials = steps_per_trial, multiple_of, max_trials
         self.budget = None if self.capacity is None else int(self.capacity * (1 - margin))
@@ -457,7 +467,7 @@ class _Search:
         self.restore()
         self.release(error is not None)
         timed = times[1:] if len(times) > 1 else times
-        rate = b * len(timed) / sum(timed) if error is None and not self.fake \
+        rate = b * len(timed) / sum(timed) if error is None and not self.virtual \
             and sum(timed) > 0 else None
         trial = Trial(batch_size=b, fits=error is None and (self.budget is None or peak is None
                                                            or peak <= self.budget),
@@ -589,7 +599,8 @@ def find_batch_size(step, *, model=None, optimizer=None, start: int = 32,
 
     Returns:
         A :class:`BatchSizeResult`: ``batch_size``, ``trials`` (batch size, fits, peak bytes,
-        samples/s for each), ``n_trials``, ``bytes_per_sample``, ``text()``, ``plot()``.
+        samples/s for each; none on a virtual GPU), ``n_trials``, ``bytes_per_sample``,
+        ``text()``, ``plot()``.
 
     Raises:
         BatchSizeError: the step does not fit even at batch size 1, or no memory limit is
@@ -691,13 +702,17 @@ def _result(search: _Search, stopped: str) -> BatchSizeResult:
                      "decided, not the capacity")
     if search.fake:
         notes.append("fake tensors: memory is exact, nothing was computed (no samples/s)")
+    elif search.virtual:
+        notes.append("virtual GPU: no samples/s; a trial's time here is mostly the virtual "
+                     "GPU's bookkeeping, not the speed of a device (measure speed on the "
+                     "device itself)")
     fixed, per_sample = search.line() or (None, None)
     return BatchSizeResult(
         batch_size=chosen, trials=search.trials, device=search.name,
         capacity_bytes=search.capacity, budget_bytes=search.budget, margin=margin,
         multiple_of=search.m, maximum=search.maximum, steps_per_trial=search.steps,
         stopped=stopped, baseline_bytes=search.baseline, after_bytes=after,
-        fixed_bytes=fixed, bytes_per_sample=per_sample, notes=notes)
+        fixed_bytes=fixed, bytes_per_sample=per_sample, notes=notes, virtual=search.virtual)
 
 
 # ---------------------------------------------------------------------------- plot

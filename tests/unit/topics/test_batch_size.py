@@ -446,9 +446,9 @@ def test_result_text_dict_and_plot():
         r = helpers.find_batch_size(step, model=model, optimizer=opt)
     text = r.text()
     assert text == repr(r) and text.startswith(f"batch size {r.batch_size}: the largest")
-    assert "chosen by" in text and "~" in text  # measured samples/s carry a tilde
+    assert "chosen by" in text
     assert "<table>" in r._repr_html_()
-    json.dumps(r.to_dict())
+    assert json.loads(json.dumps(r.to_dict()))["virtual"] is True
     before = plt.get_fignums()
     fig = r.plot()
     assert plt.get_fignums() == before
@@ -456,11 +456,55 @@ def test_result_text_dict_and_plot():
     assert ax.get_xlabel() == "batch size" and "peak memory" in ax.get_ylabel()
     labels = ax.get_legend().get_texts()
     assert any("capacity" in t.get_text() for t in labels)
-    assert any("samples/s" in t.get_text() for t in labels)
     with pytest.raises(ValueError, match="unit"):
         r.plot(unit="MB")
     with pytest.raises(KeyError, match="was not tried"):
         r.trial(3)
+
+
+def test_no_samples_per_second_on_a_virtual_gpu():
+    """A trial's time on a virtual GPU is mostly its bookkeeping, not a throughput: real
+    tensors or fake, no trial reports samples/s, the table has no such column and a note
+    says why; the plot has no throughput axis."""
+    model, opt, step = mlp_task()
+    with helpers.VirtualGPU(2 * MiB, device="cpu"):
+        r = helpers.find_batch_size(step, model=model, optimizer=opt)
+    assert r.virtual and r.n_trials > 2 and any(t.fits for t in r.trials)
+    assert all(t.samples_per_s is None for t in r.trials)
+    table = r.table()
+    assert "samples/s (measured)" not in table.headers and len(table.headers) == 6
+    text = r.text()
+    assert "~" not in text  # nothing measured by a clock is shown
+    assert "virtual GPU: no samples/s; a trial's time here is mostly the virtual GPU's " \
+           "bookkeeping" in text
+    fig = r.plot()
+    assert len(fig.axes) == 1  # no samples/s axis
+    assert not any("samples/s" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
+
+
+def test_samples_per_second_on_a_real_device(monkeypatch):
+    """The same result on a CUDA device (torch.cuda's statistics, simulated) keeps samples/s:
+    measured (with a tilde) in the table's last column, and on the plot's second axis."""
+    import time
+
+    cuda = FakeCuda()
+    cuda.install(monkeypatch)
+
+    def step(b):
+        cuda.step(b)
+        time.sleep(1e-4)  # a step takes time on a device
+
+    r = helpers.find_batch_size(step, margin=0.1)
+    assert not r.virtual and r.device == "cuda:0 (Pretend GPU)"
+    fitted = [t for t in r.trials if t.fits]
+    assert fitted and all(t.samples_per_s > 0 for t in fitted)
+    table = r.table()
+    assert table.headers[-1] == "samples/s (measured)"
+    assert all(row[-1].startswith("~") for row, t in zip(table.rows, r.trials, strict=True)
+               if t.fits)
+    assert "virtual GPU: no samples/s" not in r.text()
+    fig = r.plot()
+    assert len(fig.axes) == 2 and fig.axes[1].get_ylabel() == "samples/s (measured)"
 
 
 # ---------------------------------------------------------------- CUDA, simulated
