@@ -49,6 +49,17 @@ def test_keras_mixed_policy_asks_tensorflow_for_the_gpus_capability(fake_tf, cap
     assert seen == ["/physical_device:GPU:0"]
 
 
+def test_keras_mixed_policy_edges_on_a_gpu_machine(fake_tf):
+    """A CPU asked for by name stays bf16; a GPU TensorFlow does not have has no capability,
+    and a GPU of unknown capability gets fp16 (every NVIDIA GPU computes it)."""
+    from helpers.tf import policies
+
+    assert helpers.keras_mixed_policy("CPU") == "mixed_bfloat16"
+    assert policies.gpu_capability(fake_tf, index=1) is None
+    fake_tf.config.experimental.get_device_details = lambda device: {}
+    assert helpers.keras_mixed_policy("GPU:0") == "mixed_float16"
+
+
 def test_tensorflow_gpu_choices(fake_tf):
     assert memory_keras._device(None) == "GPU:0"
     assert tf_runtime.memory_growth(fake_tf) == "grow on demand on 1 GPU(s)"
@@ -223,6 +234,10 @@ def test_ddp_train_refuses_a_local_rank_without_a_gpu(monkeypatch):
 def test_amp_settings_for_cuda_on_a_machine_without_one():
     s = helpers.amp_settings("cuda")
     assert (s.dtype, s.use_scaler) == (torch.float16, True) and "no CUDA GPU here" in s.reason
+    with SimulatedCuda(available=False):   # a CUDA build whose driver is too old
+        tf32 = helpers.tf32_settings("cuda")
+    assert tf32.capability is None and not tf32.applies
+    assert tf32.baseline().startswith("fp32 baseline: IEEE fp32 on cuda without a GPU (TF32 needs")
 
 
 def test_nvml_decodes_old_bindings_bytes_names_and_checks_indices():
