@@ -317,9 +317,11 @@ class Engine(TorchDispatchMode):
             args = kwargs = None
             self._fail()
         out = func(*args, **kwargs)
+        n_points = len(recorder.points) if recorder is not None else 0
         self._track_outputs(func, kind, out, recorder)
         if self.workspaces is not None and self._pending is None:
-            self._charge_workspaces(func)  # after the outputs, as PyTorch's kernels do
+            # after the outputs, as PyTorch's kernels do
+            self._charge_workspaces(func, recorder, n_points)
         if self._pending is not None:
             # out of memory: this frame must not keep the outputs alive (the traceback holds
             # it), so drop them before raising; their storages are freed right here
@@ -327,12 +329,16 @@ class Engine(TorchDispatchMode):
             self._fail()
         return out
 
-    def _charge_workspaces(self, func) -> None:
+    def _charge_workspaces(self, func, recorder=None, n_points: int = 0) -> None:
         """cuBLAS: the first matrix product on a thread allocates that thread's workspace,
         held afterwards (autograd's backward runs on a device thread of its own on a GPU: a
         second one). cuDNN: a convolution takes its allowance for the call and frees it; an
         allowance that does not fit is skipped (PyTorch tries an engine with less workspace),
-        counted in ``workspaces.cudnn_fallbacks``. See :mod:`.workspaces`."""
+        counted in ``workspaces.cudnn_fallbacks``. See :mod:`.workspaces`.
+
+        A recorder (``measure_step``) is told of each charge while it is held, so that its
+        point for the operation (made after the outputs; ``n_points`` points existed before
+        them) counts the workspace too."""
         ws = self.workspaces
         name = func._overloadpacket.__name__
         if name in CUBLAS_OPS:
@@ -345,6 +351,9 @@ class Engine(TorchDispatchMode):
                     ws.held[key] = self.allocator.malloc(ws.cublas_bytes)
                 except SimulatedOOM as err:
                     self._pending = err
+                    return
+                if recorder is not None:
+                    recorder.on_workspace(func, 0, len(recorder.points) > n_points)
         elif name in CUDNN_OPS and ws.cudnn_bytes > 0:
             with self.lock:
                 try:
@@ -352,6 +361,8 @@ class Engine(TorchDispatchMode):
                 except SimulatedOOM:
                     ws.cudnn_fallbacks += 1
                     return
+                if recorder is not None:
+                    recorder.on_workspace(func, ws.cudnn_bytes, len(recorder.points) > n_points)
                 self.allocator.free(handle)
 
     def clear_workspaces(self) -> int:
@@ -365,6 +376,8 @@ class Engine(TorchDispatchMode):
             for handle in ws.held.values():
                 self.allocator.free(handle)
             ws.held.clear()
+            if freed and self.recorder is not None:
+                self.recorder.dirty = True  # the next allocation marks the drop first
         return freed
 
     def _fail(self) -> None:
@@ -472,9 +485,11 @@ def _is_param(t) -> bool:
 
 # ---------------------------------------------------------------------------- recorder
 class _Point:
-    __slots__ = ("n_events", "op", "module", "phase", "step", "live", "allocated", "reserved")
+    __slots__ = ("n_events", "op", "module", "phase", "step", "live", "allocated", "reserved",
+                 "workspace")
 
-    def __init__(self, n_events, op, module, phase, step, live, allocated, reserved):
+    def __init__(self, n_events, op, module, phase, step, live, allocated, reserved,
+                 workspace=0):
         self.n_events = n_events
         self.op = op
         self.module = module
@@ -483,6 +498,7 @@ class _Point:
         self.live = live
         self.allocated = allocated
         self.reserved = reserved
+        self.workspace = workspace  # cuBLAS workspaces held + a convolution's cuDNN allowance
 
 
 _TAG = "helpers.memory.module"
@@ -764,10 +780,24 @@ class Recorder:
         self.last_phase = phase
         eng = self.engine
         op = what if isinstance(what, str) else _op_name(what)
+        ws = eng.workspaces
         self.points.append(_Point(
             len(self.events), op, self.module(), phase, self.step, eng.live_bytes,
             eng.allocator.allocated_bytes, eng.allocator.reserved_bytes,
+            0 if ws is None else ws.held_bytes,
         ))
+
+    def on_workspace(self, func, transient: int, marked: bool) -> None:
+        """The engine charged a workspace for ``func`` (a cuBLAS workspace now held, or a
+        convolution's ``transient`` cuDNN allowance, about to be freed): the operation's
+        point (``marked``: made after its outputs; else one is made now) counts it, and the
+        allocator's figures while it is held."""
+        if not marked:
+            self.mark(func)
+        point, eng = self.points[-1], self.engine
+        point.workspace = eng.workspaces.held_bytes + transient
+        point.allocated = eng.allocator.allocated_bytes
+        point.reserved = eng.allocator.reserved_bytes
 
 
 def _op_name(func) -> str:

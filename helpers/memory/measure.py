@@ -33,7 +33,15 @@ from .engine import (
     tensors_in,
     unique_params,
 )
-from .report import CATEGORIES, PHASES, CudaStats, MemoryReport, StepMemory, Timeline
+from .report import (
+    CATEGORIES,
+    PHASES,
+    WORKSPACE,
+    CudaStats,
+    MemoryReport,
+    StepMemory,
+    Timeline,
+)
 from .sources import CudaSource
 
 __all__ = ["measure_step"]
@@ -77,6 +85,14 @@ def measure_step(step, *, model=None, optimizer=None, inputs=None, steps: int = 
         category), ``phase_peaks`` (forward, backward, optimizer), ``steps``,
         ``first_step``/``steady_state``, ``timeline``, ``plot_timeline()``, ``text()``, and
         ``cuda`` (the real allocator's statistics, on CUDA).
+
+        ``peak_bytes`` is the largest sum, over the points after each operation, of the
+        exact bytes of live tensor storages and, inside ``VirtualGPU(..., workspaces=True)``,
+        the library workspaces (category ``"workspace"``: the cuBLAS workspaces held plus a
+        running convolution's cuDNN allowance). Without allocator rounding that is the
+        virtual GPU's ``peak_allocated_bytes`` over the step (when the step holds its peak);
+        with rounding, ``peak_allocated_bytes`` and ``peak_reserved_bytes`` are the virtual
+        GPU's. Without workspaces modelled the report has no ``"workspace"`` category.
 
     Raises:
         torch.OutOfMemoryError: inside a ``VirtualGPU`` that runs out; the partial report
@@ -134,6 +150,8 @@ def measure_step(step, *, model=None, optimizer=None, inputs=None, steps: int = 
         recorder = Recorder(engine, model=model, track_modules=track_modules)
         recorder.baseline = list(engine.live.values())
         baseline_bytes = engine.live_bytes
+        if engine.workspaces is not None:
+            baseline_bytes += engine.workspaces.held_bytes
         cuda_before = _cuda_start() if use_cuda else None
         recorder.start(params, optimizers)
         for i in range(1, steps + 1):
@@ -188,11 +206,18 @@ def _cuda_stop(start: tuple[CudaSource, int]) -> CudaStats:
 
 def _build(recorder: Recorder, engine: Engine, gpu, title, dev, fake, baseline_bytes,
            cuda) -> MemoryReport:
-    """Replay the recorded events with each storage's final category into a report."""
+    """Replay the recorded events with each storage's final category into a report.
+
+    With workspaces modelled (``VirtualGPU(workspaces=True)``) a ``"workspace"`` category
+    follows the tensor categories (each point's cuBLAS workspaces held plus a convolution's
+    cuDNN allowance) and ``total`` includes it; without, the report has no trace of it.
+    """
+    with_ws = engine.workspaces is not None
+    categories = (*CATEGORIES, WORKSPACE) if with_ws else CATEGORIES
     totals = dict.fromkeys(CATEGORIES, 0)
     for rec in recorder.baseline:
         totals[rec.label] += rec.nbytes
-    cols = {k: [] for k in ("point", "step", "phase", "op", "module", "total", *CATEGORIES,
+    cols = {k: [] for k in ("point", "step", "phase", "op", "module", "total", *categories,
                             "allocated", "reserved")}
     events = recorder.events
     ei = 0
@@ -202,7 +227,11 @@ def _build(recorder: Recorder, engine: Engine, gpu, title, dev, fake, baseline_b
             totals[rec.label] += delta
             ei += 1
         row = dict(point=k, step=p.step, phase=p.phase, op=p.op, module=p.module, total=p.live,
-                   **totals, allocated=p.allocated, reserved=p.reserved)
+                   **totals)
+        if with_ws:
+            row[WORKSPACE] = p.workspace
+            row["total"] += p.workspace
+        row.update(allocated=p.allocated, reserved=p.reserved)
         for key, value in row.items():
             cols[key].append(value)
     n = len(cols["point"])
@@ -226,7 +255,7 @@ def _build(recorder: Recorder, engine: Engine, gpu, title, dev, fake, baseline_b
         steps.append(StepMemory(
             step=s, peak_bytes=cols["total"][ip], peak_phase=cols["phase"][ip],
             peak_op=cols["op"][ip], peak_module=cols["module"][ip],
-            at_peak={c: cols[c][ip] for c in CATEGORIES}, phase_peaks=phase_peaks(idx),
+            at_peak={c: cols[c][ip] for c in categories}, phase_peaks=phase_peaks(idx),
             start_bytes=cols["total"][idx[0]], end_bytes=cols["total"][idx[-1]],
             peak_reserved_bytes=max(cols["reserved"][i] for i in idx),
         ))
@@ -235,8 +264,8 @@ def _build(recorder: Recorder, engine: Engine, gpu, title, dev, fake, baseline_b
     report = MemoryReport(
         peak_bytes=cols["total"][ip], peak_step=cols["step"][ip],
         peak_phase=cols["phase"][ip], peak_op=cols["op"][ip], peak_module=cols["module"][ip],
-        at_peak={c: cols[c][ip] for c in CATEGORIES},
-        category_max={c: max(cols[c]) for c in CATEGORIES},
+        at_peak={c: cols[c][ip] for c in categories},
+        category_max={c: max(cols[c]) for c in categories},
         phase_peaks=phase_peaks(range(n)), steps=steps, baseline_bytes=baseline_bytes,
         end_bytes=cols["total"][-1], timeline=Timeline(cols), device=dev, fake=fake,
         title=title, virtual_gpu=None if gpu is None else gpu.name,

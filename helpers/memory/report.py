@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from ..core.fmt import ShownAsTable, Table, fmt_bytes
 
-__all__ = ["MemoryReport", "StepMemory", "Timeline", "CudaStats", "CATEGORIES", "PHASES"]
+__all__ = ["MemoryReport", "StepMemory", "Timeline", "CudaStats", "CATEGORIES", "PHASES",
+           "WORKSPACE"]
 
 CATEGORIES = (
     "parameters", "gradients", "optimizer_state", "activations", "temporaries", "inputs",
@@ -28,17 +29,21 @@ CATEGORY_TITLES = {
     "temporaries": "temporaries",
     "inputs": "inputs (batch, labels)",
     "other": "other tensors on the device",
+    "workspace": "library workspaces (cuBLAS, cuDNN)",
 }
+#: the category of library workspaces: present only when a ``VirtualGPU(workspaces=True)``
+#: models them (after the tensor categories in every table, dict and timeline column)
+WORKSPACE = "workspace"
 PHASES = ("forward", "backward", "optimizer", "other")
 PHASE_TITLES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer step",
                 "other": "other"}
 _COLOURS = {
     "parameters": "#4c72b0", "gradients": "#dd8452", "optimizer_state": "#55a868",
     "activations": "#c44e52", "temporaries": "#8172b3", "inputs": "#937860",
-    "other": "#b0b0b0",
+    "other": "#b0b0b0", "workspace": "#da8bc3",
 }
 _STACK_ORDER = ("parameters", "optimizer_state", "gradients", "inputs", "other",
-                "activations", "temporaries")
+                "activations", "temporaries", "workspace")
 _PHASE_SHADES = {"forward": "#e8f0fb", "backward": "#fdeee4", "optimizer": "#e9f5ec",
                  "other": "#f4f4f4"}
 
@@ -70,7 +75,9 @@ class Timeline:
     Columns (``columns[name]`` is a list, one entry per point): ``point``, ``step``,
     ``phase``, ``op``, ``module``, ``total`` (exact live bytes), one column per category, and
     ``allocated``/``reserved`` (what a CUDA-like allocator would hold; equal to ``total``
-    without allocator rounding).
+    without allocator rounding).  Inside ``VirtualGPU(..., workspaces=True)`` a
+    ``workspace`` column follows the categories (cuBLAS workspaces held, plus a
+    convolution's cuDNN allowance at its point) and ``total`` includes it.
     """
 
     columns: dict[str, list]
@@ -131,7 +138,10 @@ class MemoryReport(ShownAsTable):
 
     Exact bytes of live tensor storages, counted by the engine.  ``at_peak`` splits the peak
     by category; ``category_max`` holds each category's own maximum (e.g. all activations at
-    the end of the forward pass); ``phase_peaks`` the peak within each phase.
+    the end of the forward pass); ``phase_peaks`` the peak within each phase.  Inside
+    ``VirtualGPU(..., workspaces=True)`` the library workspaces are one more category,
+    ``"workspace"``, and every peak includes them (``peak_bytes`` is then the virtual GPU's
+    ``peak_allocated_bytes`` over the step, without allocator rounding).
     """
 
     peak_bytes: int
@@ -165,6 +175,7 @@ class MemoryReport(ShownAsTable):
     activation_bytes = category_bytes("activations")
     temporary_bytes = category_bytes("temporaries")
     input_bytes = category_bytes("inputs")
+    workspace_bytes = category_bytes(WORKSPACE)
 
     @property
     def first_step(self) -> StepMemory:
@@ -193,8 +204,10 @@ class MemoryReport(ShownAsTable):
 
     def table(self) -> Table:
         rows = []
-        for cat in CATEGORIES:
-            if self.category_max.get(cat, 0) or self.at_peak.get(cat, 0):
+        for cat in (*CATEGORIES, WORKSPACE):
+            # a workspace row whenever they are modelled (0 when none was charged)
+            if self.category_max.get(cat, 0) or self.at_peak.get(cat, 0) or \
+                    (cat == WORKSPACE and cat in self.category_max):
                 rows.append([CATEGORY_TITLES[cat], fmt_bytes(self.at_peak.get(cat, 0)),
                              fmt_bytes(self.category_max.get(cat, 0))])
         rows.append(["total", fmt_bytes(self.peak_bytes), ""])
@@ -297,7 +310,7 @@ class MemoryReport(ShownAsTable):
                 labelled.add(ph)
                 start = i
         # long-lived categories at the bottom, short-lived ones on top
-        cats = [c for c in _STACK_ORDER if any(cols[c])]
+        cats = [c for c in _STACK_ORDER if any(cols.get(c, ()))]
         ys = [[v / scale for v in cols[c]] for c in cats]
         polys = ax.stackplot(x, *ys, labels=[CATEGORY_TITLES[c] for c in cats],
                              colors=[_COLOURS[c] for c in cats], step="post")

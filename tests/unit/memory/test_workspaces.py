@@ -322,3 +322,105 @@ def test_first_matmul_memory_needs_a_gpu_and_a_sane_size():
             helpers.first_matmul_memory(n=1.5)
         with pytest.raises(ValueError, match="n must be at least 1"):
             helpers.first_matmul_memory(n=0)
+
+
+# ---------------------------------------------------------------- measure_step agrees
+def measured(gpu, make_model, x, *, steps=2):
+    """measure_step of an Adam training step of ``make_model()`` on ``x`` inside ``gpu``."""
+    torch.manual_seed(0)
+    with gpu:
+        model = make_model()
+        opt = torch.optim.Adam(model.parameters())
+        x = x.clone()
+
+        def step():
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+
+        gpu.reset_peak()
+        return helpers.measure_step(step, model=model, optimizer=opt, inputs=x, steps=steps)
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
+
+
+def cnn():  # convolutions only: no matrix product, so no cuBLAS workspace
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3))
+
+
+def columns_add_up(report, categories):
+    cols = report.timeline.columns
+    for i in range(len(report.timeline)):
+        assert cols["total"][i] == sum(cols[c][i] for c in categories)
+
+
+@pytest.mark.parametrize("rounding", [False, True])
+def test_measure_step_peak_is_the_virtual_gpus_peak_with_cublas_workspaces(rounding):
+    x = torch.randn(32, 64)
+    plain = measured(helpers.VirtualGPU("L40S", device="cpu", rounding=rounding), mlp, x)
+    gpu = helpers.VirtualGPU("L40S", device="cpu", rounding=rounding, workspaces=True)
+    report = measured(gpu, mlp, x)
+    # the report's peak is tensors + workspaces: with exact accounting, the device's peak
+    if not rounding:
+        assert report.peak_bytes == gpu.peak_allocated_bytes
+    assert report.peak_allocated_bytes == gpu.peak_allocated_bytes
+    assert report.peak_reserved_bytes == gpu.peak_reserved_bytes
+    # forward and backward each hold one; the steady state is the plain one plus both
+    assert report.category_max["workspace"] == report.at_peak["workspace"] == 2 * PRE_HOPPER
+    assert report.workspace_bytes == 2 * PRE_HOPPER
+    assert report.steps[1].peak_bytes - plain.steps[1].peak_bytes == 2 * PRE_HOPPER
+    assert report.timeline.columns["workspace"][0] == 0  # none before the first product
+    columns_add_up(report, (*helpers.memory.report.CATEGORIES, "workspace"))
+    assert "library workspaces (cuBLAS, cuDNN)" in report.text()
+    assert "workspace" in report.timeline.to_csv().splitlines()[0]
+
+
+@pytest.mark.parametrize("rounding", [False, True])
+def test_measure_step_peak_includes_the_transient_cudnn_allowance(rounding):
+    x = torch.randn(4, 3, 32, 32)
+    gpu = helpers.VirtualGPU("L40S", device="cpu", rounding=rounding, workspaces=True)
+    report = measured(gpu, cnn, x)
+    if not rounding:
+        assert report.peak_bytes == gpu.peak_allocated_bytes
+    assert report.peak_allocated_bytes == gpu.peak_allocated_bytes
+    assert report.at_peak["workspace"] == report.category_max["workspace"] \
+        == DEFAULT_CUDNN_WORKSPACE  # the allowance only, while a convolution runs
+    assert report.peak_op.startswith("convolution")
+    ws = report.timeline.columns["workspace"]
+    assert set(ws) == {0, DEFAULT_CUDNN_WORKSPACE}  # transient: back to 0 between them
+    assert ws[-1] == 0 and gpu.workspace_bytes == 0
+    columns_add_up(report, (*helpers.memory.report.CATEGORIES, "workspace"))
+    fig = report.plot_timeline()  # the workspace is drawn as one more layer
+    assert "library workspaces (cuBLAS, cuDNN)" in [t.get_text() for t in
+                                                     fig.axes[0].get_legend().get_texts()]
+
+
+def test_measure_step_leaves_out_an_allowance_that_fell_back():
+    gpu = helpers.VirtualGPU("32 MiB", device="cpu", workspaces=True)
+    report = measured(gpu, cnn, torch.randn(4, 3, 32, 32), steps=1)
+    assert gpu.cudnn_fallbacks > 0 and report.category_max["workspace"] == 0
+    assert report.peak_bytes == gpu.peak_allocated_bytes
+    assert "library workspaces" in report.text()  # modelled, and none was charged
+
+
+def test_measure_step_counts_a_workspace_held_before_it():
+    gpu = helpers.VirtualGPU("L40S", device="cpu", workspaces=True)
+    with gpu:
+        torch.randn(2, 2) @ torch.randn(2, 2)  # the forward thread's workspace, held
+    report = measured(gpu, mlp, torch.randn(32, 64), steps=1)
+    assert report.timeline.columns["workspace"][0] == PRE_HOPPER
+    assert report.peak_bytes == gpu.peak_allocated_bytes
+
+
+@pytest.mark.parametrize("make_model, shape", [(mlp, (32, 64)), (cnn, (4, 3, 32, 32))])
+def test_measure_step_without_workspaces_has_no_workspace_anywhere(make_model, shape):
+    gpu = helpers.VirtualGPU("L40S", device="cpu")
+    report = measured(gpu, make_model, torch.randn(*shape))
+    assert report.peak_bytes == gpu.peak_allocated_bytes
+    assert tuple(report.category_max) == tuple(report.at_peak) \
+        == helpers.memory.report.CATEGORIES
+    assert "workspace" not in report.timeline.names and "workspace" not in report.text()
+    assert "workspace" not in str(report.to_dict()) and report.workspace_bytes == 0
+    columns_add_up(report, helpers.memory.report.CATEGORIES)
