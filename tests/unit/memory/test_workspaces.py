@@ -424,3 +424,48 @@ def test_measure_step_without_workspaces_has_no_workspace_anywhere(make_model, s
     assert "workspace" not in report.timeline.names and "workspace" not in report.text()
     assert "workspace" not in str(report.to_dict()) and report.workspace_bytes == 0
     columns_add_up(report, helpers.memory.report.CATEGORIES)
+
+
+class ConvNet(nn.Module):
+    """Convolutions (optionally checkpointed, recomputed in backward) and a linear head."""
+
+    def __init__(self, checkpoint=False):
+        super().__init__()
+        self.checkpoint = checkpoint
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                                  nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        if self.checkpoint:
+            from torch.utils.checkpoint import checkpoint_sequential
+
+            h = checkpoint_sequential(self.body, 2, x, use_reentrant=False)
+        else:
+            h = self.body(x)
+        return self.head(h.mean((2, 3)))
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_workspaces_add_to_every_point_of_a_steady_step_exactly(checkpoint):
+    # Pins what a workspace does to a report: at every point of a steady step the total is
+    # the plain one + both held cuBLAS workspaces, + the cuDNN allowance only at a
+    # convolution (forward, backward, recomputed). A peak at another operation (a ReLU's
+    # backward, say) rises by the held workspaces alone.
+    x = torch.randn(4, 3, 16, 16)
+    plain = measured(helpers.VirtualGPU("L40S", device="cpu"), lambda: ConvNet(checkpoint), x)
+    gpu = helpers.VirtualGPU("L40S", device="cpu", workspaces=True,
+                             cublas_workspace="1 MiB", cudnn_workspace="3 MiB")
+    report = measured(gpu, lambda: ConvNet(checkpoint), x)
+    assert report.peak_bytes == gpu.peak_allocated_bytes
+    a, b = plain.timeline.columns, report.timeline.columns
+    assert a["op"] == b["op"]  # the same points
+    steady = [i for i, s in enumerate(b["step"]) if s == 2]
+    for i in steady:
+        assert b["total"][i] - a["total"][i] == b["workspace"][i] in (2 * MiB, 5 * MiB)
+    # the allowance: at the point after each convolution's outputs, and nowhere else
+    convs = [b["op"][i] for i in steady if b["workspace"][i] == 5 * MiB]
+    assert all(op.startswith("convolution") for op in convs)
+    # 2 forward, 2 backward, + the first segment's one recomputed (the last segment of
+    # checkpoint_sequential is not checkpointed)
+    assert len(convs) == (5 if checkpoint else 4)
