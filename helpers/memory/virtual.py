@@ -244,7 +244,8 @@ class VirtualGPU(ShownAsTable):
             context; see :mod:`helpers.memory.workspaces`): one cuBLAS workspace per thread,
             allocated by the first matrix product (``mm``, ``addmm``, ``bmm``...) and held
             (the backward pass has its own), and a transient allowance during each
-            convolution. Off (default): tensors only.
+            convolution. ``measure_step`` inside counts them as the category
+            ``"workspace"``. Off (default): tensors only.
         cublas_workspace: the cuBLAS workspace in bytes or a size string (needs
             ``workspaces=True``). Default: from ``CUBLAS_WORKSPACE_CONFIG`` if set
             (``:SIZE:COUNT`` pairs in KiB, summed), else PyTorch's default for the card: 32

@@ -27,7 +27,8 @@ workspace off).  Unset, PyTorch uses ``4096 KiB x 8`` = 32 MiB on compute capabi
 8,519,680 bytes that a single ``nn.Linear`` leaves in ``memory_allocated()`` on an A10G,
 pytorch/pytorch issue 95668).  Recent sources use 32 MiB on Blackwell (10.x-12.x) too.
 
-The engine (:mod:`.engine`) charges these sizes when a VirtualGPU has ``workspaces=True``;
+The engine (:mod:`.engine`) charges these sizes when a VirtualGPU has ``workspaces=True``
+(``measure_step`` reports them as the category ``"workspace"``, in every peak);
 :func:`first_matmul_memory` measures the cuBLAS workspace on a real GPU or a virtual one.
 torch is imported only inside :func:`first_matmul_memory`.
 """
