@@ -3,9 +3,9 @@
 Runs the same workloads as solutions/09_throughput.ipynb (the starved loop on
 ``helpers.SlowDataset``, the DataLoader rungs, the training-step rungs) plus the rungs only a
 GPU can run, ``pin_memory`` + ``non_blocking`` and CUDA graphs
-(``torch.compile(mode="reduce-overhead")``), and ``torch.compile`` on the GPU.  It writes one small JSON file with the
-hardware, versions, date and figures, which the lesson shows, labelled, under its own
-measurements::
+(``torch.compile(mode="reduce-overhead")``), and ``torch.compile`` on the GPU.  It writes one
+small JSON file with the hardware, versions, date and figures, which the lesson shows,
+labelled, under its own measurements::
 
     python tests/gpu/throughput_gpu.py                 # tests/gpu/results/09_throughput.json
     python tests/gpu/throughput_gpu.py --out run.json  # somewhere else
