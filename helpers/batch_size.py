@@ -34,7 +34,8 @@ are restored to their state before the search, the error's traceback frames are 
 garbage is collected and the (virtual or CUDA) allocator's cache is emptied, so each trial
 starts from the same memory and, afterwards, memory is back where it started (on CUDA,
 measured from a baseline read after a warm-up matmul: cuBLAS's workspaces, which
-``empty_cache()`` never frees, are part of it; :func:`warm_up_cuda`).  Trials on a real device
+``empty_cache()`` never frees, are part of it; :func:`warm_up_cuda`; the same on a virtual GPU
+made with ``workspaces=True``).  Trials on a real device
 report samples/s; on a virtual GPU they do not: there a step's time is mostly the bookkeeping
 of every tensor, not the speed of any device.  Memory is read through
 :mod:`helpers.memory.sources`; Keras models and optimizers are handled by
@@ -645,6 +646,8 @@ def find_batch_size(step, *, model=None, optimizer=None, start: int = 32,
             _adopt(gpu, name, [model, *optimizers])
     if isinstance(source, CudaSource):
         warm_up_cuda(source.device)  # the baseline includes cuBLAS's workspaces
+    elif gpu is not None and gpu.workspaces is not None:
+        warm_up_cuda(gpu.device_type)  # the virtual GPU's too (VirtualGPU(workspaces=True))
     release_after_error(None, source.empty_cache)
     search = _Search(step, (source, name, capacity, other, gpu), restore, **settings)
     try:

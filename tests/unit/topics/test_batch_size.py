@@ -158,6 +158,20 @@ def test_caching_allocator_and_full_scale_fake_tensors():
     assert r.n_trials <= 16, r.text()
 
 
+def test_a_virtual_gpu_with_workspaces_reads_its_baseline_after_them():
+    """VirtualGPU(workspaces=True) holds cuBLAS workspaces from the first matrix product on,
+    as CUDA does: the finder creates them before it reads its baseline, so memory is back
+    where it started afterwards, and the trials' peaks include them."""
+    model, opt, step = mlp_task(opt="sgd")
+    with helpers.VirtualGPU(4 * MiB, device="cpu", workspaces=True,
+                            cublas_workspace="256 KiB") as gpu:
+        r = helpers.find_batch_size(step, model=model, optimizer=opt)
+        held = gpu.workspace_bytes
+    assert held == 2 * 256 * 1024  # forward (this thread) and backward (autograd's thread)
+    assert r.after_bytes == r.baseline_bytes >= held
+    assert r.trial(r.batch_size).fits and r.n_trials > 2
+
+
 # ---------------------------------------------------------------- clean-up and state
 def test_every_trial_starts_from_the_baseline_and_memory_returns_to_it():
     model, opt, step = mlp_task()
