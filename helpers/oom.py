@@ -12,7 +12,9 @@
 * at **full scale**: the real ``LargeResNet`` on 224 x 224 images at the batch size given, on
   a virtual L40S (fake tensors, CUDA-like allocator rounding, a 500 MiB CUDA context), until
   the optimizer has stepped twice (Adam's state appears in the first step). It fits when no
-  ``torch.OutOfMemoryError`` is raised; the peak is what ``nvidia-smi`` would have shown.
+  ``torch.OutOfMemoryError`` is raised; the peak is what ``nvidia-smi`` would have shown for
+  the step's tensors. Library workspaces (cuBLAS, cuDNN) are not counted on the virtual card
+  (see ``helpers.VirtualGPU(workspaces=True)``); a real card needs that much more.
   On a CUDA GPU at least as large as the card, the real model is trained on the real GPU
   instead, with the allocator capped to the card's memory
   (``torch.cuda.set_per_process_memory_fraction``);
@@ -282,6 +284,8 @@ class TrainingCheck(ShownAsTable):
     ``peak_bytes`` is the full-scale peak the card would show (CUDA context + memory the
     allocator reserved) when the step fits; when it does not, ``oom`` holds the error's
     message and ``needed_bytes`` what the step needs (measured on a larger virtual card).
+    Library workspaces (cuBLAS, cuDNN) are not counted on the virtual card (see
+    ``helpers.VirtualGPU(workspaces=True)``); on a real GPU they are.
     """
 
     name: str
