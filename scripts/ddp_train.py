@@ -152,8 +152,9 @@ def main(argv=None):
     dataset = helpers.torch_dataset(x, y)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
+    pinned = device.type == "cuda"  # page-locked batches copy to the GPU asynchronously
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True,
-                        pin_memory=device.type == "cuda")
+                        pin_memory=pinned)
     steps_per_epoch = len(loader)
     log(rank, f"world size {world} on {device.type} ({dist.get_backend()}): "
               f"{args.batch_size} samples per process per step, global batch "

@@ -58,12 +58,13 @@ def configure(onednn: str, environ=os.environ) -> None:
 
 def build_classifier(keras):
     """Lesson 07's classifier; its softmax output always computes in float32."""
+    classes = 10
     return keras.Sequential([
         keras.Input((256,)),
         keras.layers.Dense(512, activation="relu"),
         keras.layers.Dense(512, activation="relu"),
-        keras.layers.Dense(10),
-        keras.layers.Activation("softmax", dtype="float32"),
+        keras.layers.Dense(classes),
+        keras.layers.Softmax(dtype="float32"),  # the output layer in float32, as lesson 07 teaches
     ])
 
 
