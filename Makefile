@@ -10,7 +10,8 @@
 #           PORT=8888           JupyterLab's port
 #           WHEELHOUSE=dir      install offline from `make wheelhouse` (no internet needed)
 # More: make refresh LESSON=03, release, release-solutions, kernel, kernel-tf GPU=1 (TensorFlow
-#       on the GPU, own environment), wheelhouse, outputs NB=03, gpu-check [PART= DRY_RUN=1]
+#       on the GPU, own environment), wheelhouse, outputs NB=03, minutes [NB=03],
+#       gpu-check [PART= DRY_RUN=1]
 # Setup re-runs only when requirements*.txt or pyproject.toml change.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -42,7 +43,7 @@ without_frameworks = grep -v -E '^(torch|tensorflow)' requirements.txt > $(1)/re
 WORKERS ?= 2
 
 .PHONY: help setup lab refresh test test-unit test-notebooks test-browser lessons outputs \
-        check-lessons lint bench stress browser clean release release-solutions kernel \
+        check-lessons minutes lint bench stress browser clean release release-solutions kernel \
         wheelhouse gpu-check kernel-tf
 
 help:  # the comment block at the top of this file, up to the first blank line
@@ -216,6 +217,12 @@ outputs: setup
 
 check-lessons: setup
 	$(PY) -m helpers.authoring.build lessons --check
+
+# each lesson's stated minutes against the estimate of its core and its Going further part
+# (words, code lines, the run times `make outputs` recorded, exercise minutes);
+# tests/test_lesson_time.py holds each lesson to it
+minutes: setup
+	$(PY) -m helpers.authoring.build minutes $(NB)
 
 lint: setup
 	$(BIN)/ruff check .

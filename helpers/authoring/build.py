@@ -1,15 +1,24 @@
 """Build lessons/ from solutions/ and store notebook outputs (``make lessons``, ``make outputs``).
 
 solutions/NN_topic.ipynb is the single source.  Each exercise is a code cell tagged
-``solution`` with metadata ``{"exercise": {"id": ..., "stub": ...}}``; in lessons/ it becomes
-the task (the solution cell's leading comment lines) followed by the stub, tagged
-``exercise``.  Every other cell is copied unchanged.
+``solution`` with metadata ``{"exercise": {"id": ..., "stub": ..., "minutes": ...}}``; in
+lessons/ it becomes the task (the solution cell's leading comment lines) followed by the stub,
+tagged ``exercise``.  The learner copy also locks the Setup cell and the check cells
+(``deletable``/``editable`` false), collapses each check cell under a first line
+``# Check: <challenge title>`` and clears the outputs of cells tagged ``predict`` (nbval
+ignores them there).  Every other cell is copied unchanged.
+
+``outputs`` stores each code cell's run time as metadata ``run_seconds`` (one decimal);
+``minutes`` estimates each lesson's core and optional minutes from the words, code lines,
+run times and exercise minutes (helpers.authoring.pacing) and compares them with the
+lesson's ``**Time:**`` line.
 
 Usage::
 
     python -m helpers.authoring.build lessons [--check] [NAME ...] # write (or verify) lessons/
     python -m helpers.authoring.build outputs [NAME ...]           # re-execute and store outputs
     python -m helpers.authoring.build exercises                    # list every exercise id
+    python -m helpers.authoring.build minutes [--strict] [NAME ...]  # estimated vs stated minutes
     python -m helpers.authoring.build personal [--refresh NAME ...] # learners' copy in my-lessons/
                                               [--folder DIR]     # ... or in DIR
     python -m helpers.authoring.build release [--solutions]        # zip bundles in dist/
@@ -26,6 +35,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from ..core.exercises import EXERCISE_ID
@@ -47,6 +57,14 @@ SOLUTIONS_EXTRA = ["solutions"]
 
 SOLUTION_TAG = "solution"
 EXERCISE_TAG = "exercise"
+# a cell whose result learners predict first: outputs cleared in lessons/, and nbval ignores
+# its output there (solutions/ keeps comparing it)
+PREDICT_TAG = "predict"
+IGNORE_OUTPUT_TAG = "nbval-ignore-output"
+# the first line of a check cell in lessons/ (the rest of the cell is collapsed)
+CHECK_HEADER = "# Check: "
+CHALLENGE_HEADING = re.compile(r"^###\s+Challenge:\s*(.+?)\s*$", re.M)
+SETUP_HEADING = re.compile(r"^##\s+Setup\s*$", re.M)
 
 # The kernel settings shared with the notebook tests (conftest.py): headless widgets, one
 # compute thread per kernel (the tests run two kernels side by side; two threads per kernel
@@ -85,6 +103,8 @@ class Exercise:
     task: str  # the leading comment block
     solution: str  # the code after the task
     stub: str
+    minutes: int | None = None  # what a learner needs for it; None: not stated yet
+    check_index: int = -1  # the check cell right after the solution cell
 
 
 def _nbformat():
@@ -150,13 +170,23 @@ def exercises_in(path: Path, nb=None) -> list[Exercise]:
         task, code = split_task(cell.source)
         if not task:
             raise BuildError(f"{where}: start the solution cell with the task as # comments")
-        following = next((c.source for c in cells[i + 1 :] if c.cell_type == "code"), "")
+        minutes = meta.get("minutes")
+        if minutes is not None and (
+            isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= 120
+        ):
+            raise BuildError(
+                f"{where}: exercise {ex_id} has minutes {minutes!r}; give a whole number of "
+                f"minutes from 1 to 120, e.g. \"minutes\": 5"
+            )
+        check_index = next((j for j in range(i + 1, len(cells))
+                            if cells[j].cell_type == "code"), -1)
+        following = cells[check_index].source if check_index >= 0 else ""
         if ex_id not in following or "check(" not in following:
             raise BuildError(
                 f"{where}: the next code cell must be the check cell, calling "
                 f"check({ex_id!r}, ...)"
             )
-        found.append(Exercise(ex_id, path.name, i, task, code, stub))
+        found.append(Exercise(ex_id, path.name, i, task, code, stub, minutes, check_index))
     return found
 
 
@@ -179,15 +209,81 @@ def _stub_cell(cell, ex: Exercise):
     new.source = f"{ex.task}\n{ex.stub.strip(chr(10))}"
     new.metadata["tags"] = [t for t in tags(cell) if t != SOLUTION_TAG] + [EXERCISE_TAG]
     new.metadata["exercise"] = {"id": ex.id}
+    if ex.minutes is not None:
+        new.metadata["exercise"]["minutes"] = ex.minutes
     new.outputs = []
     new.execution_count = None
     return new
 
 
+def challenge_title(cells, index: int) -> str | None:
+    """The title of the ``### Challenge: ...`` heading nearest above cell ``index``."""
+    for cell in reversed(cells[:index]):
+        if cell.cell_type == "markdown":
+            titles = CHALLENGE_HEADING.findall(cell.source)
+            if titles:
+                return titles[-1]
+    return None
+
+
+def setup_cell_index(cells) -> int | None:
+    """The first code cell after the ``## Setup`` heading, or None."""
+    for i, cell in enumerate(cells):
+        if cell.cell_type == "markdown" and SETUP_HEADING.search(cell.source):
+            return next((j for j in range(i + 1, len(cells))
+                         if cells[j].cell_type == "code"), None)
+    return None
+
+
+def _lock(cell) -> None:
+    cell.metadata["deletable"] = False
+    cell.metadata["editable"] = False
+
+
+def check_header(title: str | None, ex_id: str) -> str:
+    return CHECK_HEADER + (title if title else f"exercise {ex_id}")
+
+
+def _without_check_header(source: str) -> str:
+    if source.startswith(CHECK_HEADER):
+        return source.split("\n", 1)[1] if "\n" in source else ""
+    return source
+
+
+def _check_cell(cell, ex: Exercise, title: str | None) -> None:
+    header = check_header(title, ex.id)
+    cell.source = f"{header}\n{_without_check_header(cell.source)}"
+    _lock(cell)
+    cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
+
+
+def _predict_cell(cell) -> None:
+    cell.outputs = []
+    cell.execution_count = None
+    cell_tags = tags(cell)
+    if IGNORE_OUTPUT_TAG not in cell_tags:
+        cell.metadata["tags"] = cell_tags + [IGNORE_OUTPUT_TAG]
+
+
+def learner_finish(nb) -> None:
+    """Clear the outputs of ``predict`` cells again (``make outputs`` ran the lesson)."""
+    for cell in nb.cells:
+        if cell.cell_type == "code" and PREDICT_TAG in tags(cell):
+            cell.outputs = []
+            cell.execution_count = None
+
+
 def lesson_from_solution(path: Path):
-    """The learner notebook generated from one solutions notebook (outputs cleared)."""
+    """The learner notebook generated from one solutions notebook (outputs cleared).
+
+    Exercises become task + stub; the Setup cell and the check cells are locked
+    (``deletable``/``editable`` false, which JupyterLab honours); check cells are collapsed
+    (``jupyter.source_hidden``) under a first line ``# Check: <challenge title>``; cells
+    tagged ``predict`` get the tag ``nbval-ignore-output`` (their outputs stay cleared).
+    """
     nb = read(path)
-    by_index = {ex.cell_index: ex for ex in exercises_in(path, nb)}
+    exercises = exercises_in(path, nb)
+    by_index = {ex.cell_index: ex for ex in exercises}
     out = copy.deepcopy(nb)
     for i, cell in enumerate(nb.cells):
         if i in by_index:
@@ -196,6 +292,10 @@ def lesson_from_solution(path: Path):
             out.cells[i].outputs = []
             out.cells[i].execution_count = None
     return out
+
+
+# the cell metadata the learner copy sets; a lesson without it is out of date
+LEARNER_METADATA = ("deletable", "editable", "jupyter")
 
 
 def _signature(nb) -> list[tuple]:
@@ -235,9 +335,13 @@ def build_lessons(names=None, check: bool = False) -> list[str]:
             stale.append(target.name)
             if existing is not None and len(existing.cells) == len(generated.cells):
                 for new, old in zip(generated.cells, existing.cells, strict=True):
-                    if new.cell_type == "code" and old.get("source") == new.source:
+                    if (new.cell_type == "code" and PREDICT_TAG not in tags(new)
+                            and _without_check_header(old.get("source", ""))
+                            == _without_check_header(new.source)):
                         new.outputs = old.outputs
                         new.execution_count = old.execution_count
+                        if "run_seconds" in old.metadata:
+                            new.metadata["run_seconds"] = old.metadata["run_seconds"]
         if not check:
             LESSONS.mkdir(exist_ok=True)
             write(generated, target)
@@ -248,15 +352,44 @@ def build_lessons(names=None, check: bool = False) -> list[str]:
     return stale
 
 
+def _parse_time(stamp) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def run_seconds(timing: dict) -> float | None:
+    """A cell's run time from nbclient's timing metadata (``record_timing=True``): from
+    "iopub.status.busy" to "iopub.status.idle" (else "iopub.execute_input" to
+    "shell.execute_reply"), rounded to 0.1 s; None where the timestamps are missing."""
+    for first, last in (("iopub.status.busy", "iopub.status.idle"),
+                        ("iopub.execute_input", "shell.execute_reply")):
+        start, end = _parse_time(timing.get(first)), _parse_time(timing.get(last))
+        if start is not None and end is not None:
+            return round(max(0.0, (end - start).total_seconds()), 1)
+    return None
+
+
 def clean_metadata(nb) -> None:
-    """Drop run-specific metadata nbclient adds (timings, widget state)."""
+    """Turn nbclient's timings into ``run_seconds`` (one decimal) and drop the rest of the
+    run-specific metadata it adds (raw timestamps, widget state)."""
     nb.metadata.pop("widgets", None)
     for cell in nb.cells:
-        cell.metadata.pop("execution", None)
+        timing = cell.metadata.pop("execution", None)
+        if cell.cell_type != "code":
+            continue
+        seconds = run_seconds(timing) if isinstance(timing, dict) else None
+        if seconds is None:
+            cell.metadata.pop("run_seconds", None)  # not run this time: no stale figure
+        else:
+            cell.metadata["run_seconds"] = seconds
 
 
-def execute(path: Path, timeout: int = 900) -> float:
-    """Execute one notebook from a clean kernel, exactly as the tests will, and store it."""
+def execute(path: Path, timeout: int = 900, learner: bool = False) -> float:
+    """Execute one notebook from a clean kernel, exactly as the tests will, and store it
+    with each code cell's ``run_seconds``. ``learner=True`` (a lessons/ copy) clears the
+    outputs of ``predict`` cells again afterwards."""
     from nbclient import NotebookClient
 
     nb = read(path)
@@ -267,7 +400,7 @@ def execute(path: Path, timeout: int = 900) -> float:
         kernel_name="python3",
         resources={"metadata": {"path": str(path.parent)}},
         extra_arguments=KERNEL_ARGS,
-        record_timing=False,
+        record_timing=True,
         store_widget_state=False,
     )
     start = time.perf_counter()
@@ -368,7 +501,11 @@ def main(argv=None) -> int:
     p_lessons.add_argument("names", nargs="*")
     p_out = sub.add_parser("outputs", help="regenerate lessons, then execute and store outputs")
     p_out.add_argument("names", nargs="*")
-    sub.add_parser("exercises", help="list every exercise id")
+    sub.add_parser("exercises", help="list every exercise id with its minutes")
+    p_minutes = sub.add_parser("minutes", help="estimated core/optional minutes of each lesson")
+    p_minutes.add_argument("names", nargs="*")
+    p_minutes.add_argument("--strict", action="store_true",
+                           help="exit 1 unless every lesson fits its stated minutes")
     p_personal = sub.add_parser("personal", help="copy new lessons into my-lessons/")
     p_personal.add_argument("--refresh", nargs="+", metavar="NAME",
                             help="replace these lessons with fresh copies (yours are backed up)")
@@ -394,13 +531,20 @@ def main(argv=None) -> int:
             build_lessons(args.names)
             for src in select(args.names):
                 for path in (src, LESSONS / src.name):
-                    seconds = execute(path)
+                    seconds = execute(path, learner=path.parent == LESSONS)
                     print(f"executed {path.relative_to(ROOT)} in {seconds:.1f} s", flush=True)
             return 0
         if args.command == "exercises":
             for ex in all_exercises():
-                print(f"{ex.id:40s} {ex.notebook}")
+                minutes = f"{ex.minutes:3d} min" if ex.minutes is not None else "minutes missing"
+                print(f"{ex.id:40s} {minutes:16s} {ex.notebook}")
             return 0
+        if args.command == "minutes":
+            from .pacing import minutes_report
+
+            text, ok = minutes_report(select(args.names))
+            print(text)
+            return 1 if args.strict and not ok else 0
         if args.command == "personal":
             for line in personal_copy(args.refresh, args.folder):
                 print(line)
