@@ -133,3 +133,62 @@ def test_cli_reports_errors_without_traceback(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(build, "LESSONS", tmp_path / "lessons")
     assert build.main(["lessons", "--check"]) == 2
     assert "empty stub" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- issue 17: minutes, run time
+
+
+def test_exercise_minutes_are_read_and_kept_in_the_lesson(tmp_path):
+    cell = solution_cell()
+    cell.metadata["exercise"]["minutes"] = 7
+    path = make_nb(tmp_path, cells=[new_markdown_cell("### Challenge: the answer"), cell,
+                                    new_code_cell('helpers.check("01-demo", lambda: None)')])
+    (ex,) = exercises_in(path)
+    assert ex.minutes == 7 and ex.check_index == 2
+    assert lesson_from_solution(path).cells[1].metadata["exercise"] == {
+        "id": "01-demo", "minutes": 7}
+    (ex,) = exercises_in(make_nb(tmp_path, name="01_b.ipynb"))
+    assert ex.minutes is None  # not stated yet: tests/test_lesson_time.py reports it
+
+
+def test_exercises_cli_lists_minutes(tmp_path, monkeypatch, capsys):
+    sol = tmp_path / "solutions"
+    sol.mkdir()
+    cell = solution_cell()
+    cell.metadata["exercise"]["minutes"] = 4
+    make_nb(sol, cells=[cell, new_code_cell('check("01-demo", f)')])
+    monkeypatch.setattr(build, "SOLUTIONS", sol)
+    assert build.main(["exercises"]) == 0
+    assert capsys.readouterr().out.split() == ["01-demo", "4", "min", "01_demo.ipynb"]
+
+
+def test_clean_metadata_turns_timings_into_run_seconds():
+    nb = new_notebook(cells=[new_code_cell("x = 1"), new_code_cell("y = 2"),
+                             new_markdown_cell("text"), new_code_cell("")])
+    nb.metadata["widgets"] = {"state": {}}
+    nb.cells[0].metadata["execution"] = {
+        "iopub.execute_input": "2026-12-03T17:00:00.100000Z",
+        "iopub.status.busy": "2026-12-03T17:00:00.050000Z",
+        "iopub.status.idle": "2026-12-03T17:00:02.360000Z",
+        "shell.execute_reply": "2026-12-03T17:00:02.350000Z"}
+    nb.cells[1].metadata["execution"] = {  # only the shell pair: used as the fallback
+        "iopub.execute_input": "2026-12-03T17:00:03.000000Z",
+        "shell.execute_reply": "2026-12-03T17:00:03.040000Z"}
+    nb.cells[3].metadata["run_seconds"] = 9.9  # not run this time: the old figure goes
+    build.clean_metadata(nb)
+    assert nb.cells[0].metadata == {"run_seconds": 2.3}
+    assert nb.cells[1].metadata == {"run_seconds": 0.0}
+    assert nb.cells[2].metadata == {} and nb.cells[3].metadata == {}
+    assert "widgets" not in nb.metadata
+    assert build.run_seconds({"iopub.status.busy": "garbage"}) is None
+
+
+def test_execute_records_run_seconds(tmp_path):
+    """A real kernel, as `make outputs` runs it: nbclient's timings become run_seconds."""
+    path = make_nb(tmp_path, cells=[new_code_cell("import time\ntime.sleep(0.4)\nprint('ok')"),
+                                    new_markdown_cell("done")])
+    build.execute(path, timeout=120)
+    cell = nbformat.read(str(path), 4).cells[0]
+    assert set(cell.metadata) == {"run_seconds"}
+    assert 0.4 <= cell.metadata["run_seconds"] < 30
+    assert cell.outputs[0]["text"] == "ok\n"
