@@ -157,3 +157,23 @@ def test_profile_cells_without_a_compiler_profile_the_eager_step():
     printed = run_cells(namespace, AMP, "e2b47c95", "f5a0c3d7")
     assert namespace["graphs"] == [] and namespace["adam"].cpu_children
     assert "compiled graphs run in one step: 0" in printed
+
+
+def test_core_is_the_input_pipeline_and_the_step_cost_goes_further():
+    """Issue 17: the core (everything before ``## Going further``) teaches the input pipeline
+    and holds the exercise 09-fix-the-loader; torch.compile, CUDA graphs, mixed precision,
+    TensorFlow and 09-name-the-bottleneck lie in Going further, before Key points."""
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    first = ["".join(c["source"]).split("\n", 1)[0] for c in cells]
+    further, key_points = first.index("## Going further"), first.index("## Key points")
+    assert further < key_points == len(cells) - 1
+    where = {c["id"]: i for i, c in enumerate(cells)}
+    for cell_id in (AMP, RUNGS, COMPILE, GRAPHS, "e2b47c95", "9c79bf3d"):
+        assert further < where[cell_id] < key_points, cell_id
+    source = {c["id"]: "".join(c["source"]) for c in cells}
+    core = [c for c in cells[:further] if c["cell_type"] == "code"]
+    assert not [c["id"] for c in core if "torch.compile" in source[c["id"]]]
+    assert not [c["id"] for c in core if "tensorflow" in c["metadata"].get("tags", [])]
+    exercises = {c["metadata"]["exercise"]["id"]: i for i, c in enumerate(cells)
+                 if "exercise" in c["metadata"]}
+    assert exercises["09-fix-the-loader"] < further < exercises["09-name-the-bottleneck"]
