@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.authoring import build
+from helpers.authoring import build, pacing
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
@@ -49,6 +49,7 @@ def test_lesson_structure(path):
                     "## Key points", "## Further reading"):
         assert heading in text, f"{path.name}: missing '{heading}'"
     lesson_minutes(path)
+    pacing.sections(nb, path.stem)  # '## Going further' (if any) ends before Key points
     n_ex = len(build.exercises_in(path))
     assert n_ex >= 2 or path.name.startswith("00_"), f"{path.name}: needs 2+ challenges"
 
@@ -60,6 +61,11 @@ def test_stored_outputs_are_clean(path):
         if cell["cell_type"] != "code":
             continue
         tags = cell.get("metadata", {}).get("tags", [])
+        if "predict" in tags and path.parent.name == "lessons":
+            # learners predict the result first: the learner copy does not show it
+            assert not cell.get("outputs") and cell.get("execution_count") is None, \
+                f"cell {i}: a 'predict' cell shows its result in lessons/: run `make lessons`"
+            continue
         assert cell.get("execution_count") is not None, f"cell {i} was never executed"
         for out in cell.get("outputs", []):
             blob = "".join(out.get("text", "")) + json.dumps(out.get("data", {}))
@@ -74,6 +80,30 @@ def test_stored_outputs_are_clean(path):
                 out["data"]["image/png"]) < 400_000, f"cell {i}: image too large"
         assert "execution" not in cell.get("metadata", {}), f"cell {i}: timing metadata"
     assert "widgets" not in nb.get("metadata", {}), "widget state stored"
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_learner_copies_lock_collapse_and_hide_predictions(path):
+    """lessons/: Setup and check cells are locked, check cells collapsed under '# Check: ...',
+    'predict' cells show no result and nbval ignores their output (solutions/ compares it)."""
+    lesson, solution = build.read(ROOT / "lessons" / path.name), build.read(path)
+    locked = {"deletable": False, "editable": False}
+    setup = build.setup_cell_index(lesson.cells)
+    assert setup is not None, f"{path.name}: no code cell after '## Setup'"
+    assert {k: lesson.cells[setup].metadata.get(k) for k in locked} == locked, "Setup cell"
+    for ex in build.exercises_in(path):
+        check = lesson.cells[ex.check_index]
+        assert {k: check.metadata.get(k) for k in locked} == locked, f"{ex.id}: check cell"
+        assert check.metadata.get("jupyter", {}).get("source_hidden") is True, ex.id
+        first = check.source.splitlines()[0]
+        title = build.challenge_title(solution.cells, ex.cell_index)
+        assert title, f"{ex.id}: no '### Challenge: ...' heading above the exercise"
+        assert first == f"# Check: {title}", f"{ex.id}: {first!r}"
+    for i, cell in enumerate(solution.cells):
+        if "predict" in build.tags(cell):
+            assert cell.cell_type == "code", f"cell {i}: only code cells are tagged 'predict'"
+            assert cell.outputs, f"cell {i}: a 'predict' cell shows its result in solutions/"
+            assert "nbval-ignore-output" in build.tags(lesson.cells[i]), f"lessons/ cell {i}"
 
 
 def test_most_outputs_are_compared():

@@ -291,6 +291,13 @@ def lesson_from_solution(path: Path):
         elif cell.cell_type == "code":
             out.cells[i].outputs = []
             out.cells[i].execution_count = None
+            if PREDICT_TAG in tags(cell):
+                _predict_cell(out.cells[i])
+    for ex in exercises:
+        _check_cell(out.cells[ex.check_index], ex, challenge_title(nb.cells, ex.cell_index))
+    setup = setup_cell_index(nb.cells)
+    if setup is not None:
+        _lock(out.cells[setup])
     return out
 
 
@@ -300,7 +307,8 @@ LEARNER_METADATA = ("deletable", "editable", "jupyter")
 
 def _signature(nb) -> list[tuple]:
     return [
-        (c.cell_type, c.source, tuple(tags(c)), repr(c.metadata.get("exercise")))
+        (c.cell_type, c.source, tuple(tags(c)), repr(c.metadata.get("exercise")),
+         repr([c.metadata.get(k) for k in LEARNER_METADATA]))
         for c in nb.cells
     ]
 
@@ -406,6 +414,8 @@ def execute(path: Path, timeout: int = 900, learner: bool = False) -> float:
     start = time.perf_counter()
     client.execute()
     clean_metadata(nb)
+    if learner:
+        learner_finish(nb)
     write(nb, path)
     return time.perf_counter() - start
 

@@ -41,9 +41,11 @@ def test_solution_cell_becomes_task_plus_stub(tmp_path):
     assert stub.metadata["tags"] == ["exercise"]
     assert stub.metadata["exercise"] == {"id": "01-demo"}
     assert "42" not in stub.source.split("\n")[-1]
-    # everything else is copied unchanged, outputs cleared
-    for i in (0, 1, 2, 4, 5):
-        assert lesson.cells[i].source == nbformat.read(str(path), 4).cells[i].source
+    # everything else is copied unchanged, outputs cleared; the check cell gets a header
+    original = nbformat.read(str(path), 4).cells
+    for i in (0, 1, 2, 5):
+        assert lesson.cells[i].source == original[i].source
+    assert lesson.cells[4].source == "# Check: the answer\n" + original[4].source
     assert lesson.cells[1].execution_count is None
 
 
@@ -192,3 +194,84 @@ def test_execute_records_run_seconds(tmp_path):
     assert set(cell.metadata) == {"run_seconds"}
     assert 0.4 <= cell.metadata["run_seconds"] < 30
     assert cell.outputs[0]["text"] == "ok\n"
+
+
+# ---------------------------------------------------------------- issue 17: learner copies
+
+LOCKED = {"deletable": False, "editable": False}
+
+
+def learner_nb(tmp_path):
+    predict = new_code_cell("print(2 ** 10)", execution_count=3, outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="1024\n")])
+    predict.metadata["tags"] = ["predict"]
+    return make_nb(tmp_path, cells=[
+        new_markdown_cell("# Demo\n## Setup"),
+        new_code_cell("import helpers\nhelpers.setup(seed=0)"),
+        new_markdown_cell("What does the next cell print? Predict it, then run it."),
+        predict,
+        new_markdown_cell("### Challenge: the answer\nSet `answer`."),
+        solution_cell(),
+        new_code_cell('def test():\n    assert answer == 42\nhelpers.check("01-demo", test)'),
+        new_code_cell("y = 2"),
+    ])
+
+
+def test_learner_copy_locks_setup_and_check_cells(tmp_path):
+    path = learner_nb(tmp_path)
+    lesson = lesson_from_solution(path)
+    assert {k: lesson.cells[1].metadata.get(k) for k in LOCKED} == LOCKED  # Setup
+    check = lesson.cells[6]
+    assert {k: check.metadata.get(k) for k in LOCKED} == LOCKED
+    assert check.metadata["jupyter"] == {"source_hidden": True}
+    assert check.source.splitlines()[0] == "# Check: the answer"
+    assert check.source.split("\n", 1)[1] == nbformat.read(str(path), 4).cells[6].source
+    for i in (0, 2, 3, 5, 7):  # nothing else is locked or hidden
+        assert not {"deletable", "editable", "jupyter"} & set(lesson.cells[i].metadata), i
+    assert build.setup_cell_index(lesson.cells) == 1
+
+
+def test_check_header_without_a_challenge_heading_names_the_exercise(tmp_path):
+    lesson = lesson_from_solution(make_nb(tmp_path, cells=[
+        solution_cell(), new_code_cell('check("01-demo", f)')]))
+    assert lesson.cells[1].source.splitlines()[0] == "# Check: exercise 01-demo"
+    assert build.challenge_title(lesson.cells, 0) is None
+
+
+def test_predict_cells_show_no_result_in_the_learner_copy(tmp_path):
+    path = learner_nb(tmp_path)
+    lesson = lesson_from_solution(path)
+    cell = lesson.cells[3]
+    assert cell.outputs == [] and cell.execution_count is None
+    assert cell.metadata["tags"] == ["predict", "nbval-ignore-output"]
+    solution = nbformat.read(str(path), 4).cells[3]  # the solutions copy keeps comparing
+    assert solution.outputs and solution.metadata["tags"] == ["predict"]
+    # after `make outputs` ran the lesson, its result is cleared again
+    cell.outputs = solution.outputs
+    cell.execution_count = 4
+    build.learner_finish(lesson)
+    assert cell.outputs == [] and cell.execution_count is None
+
+
+def test_rebuild_keeps_check_outputs_but_not_predictions(tmp_path, monkeypatch):
+    sol, les = tmp_path / "solutions", tmp_path / "lessons"
+    sol.mkdir()
+    les.mkdir()
+    path = learner_nb(sol)
+    monkeypatch.setattr(build, "SOLUTIONS", sol)
+    monkeypatch.setattr(build, "LESSONS", les)
+    # a lesson built before issue 17: plain copies with outputs, no header, no locks
+    old = nbformat.read(str(path), 4)
+    old.cells[5] = lesson_from_solution(path).cells[5]
+    shown = nbformat.v4.new_output("stream", name="stdout", text="not solved yet\n")
+    old.cells[6].outputs, old.cells[6].execution_count = [shown], 7
+    old.cells[6].metadata["run_seconds"] = 0.4
+    nbformat.write(old, str(les / path.name))
+    assert build.build_lessons(check=True) == [path.name]
+    build.build_lessons()
+    new = nbformat.read(str(les / path.name), 4)
+    assert new.cells[6].outputs[0]["text"] == "not solved yet\n"
+    assert new.cells[6].execution_count == 7 and new.cells[6].metadata["run_seconds"] == 0.4
+    assert new.cells[6].source.startswith("# Check: the answer\n")
+    assert new.cells[3].outputs == []  # the prediction's stored result is not carried over
+    assert build.build_lessons(check=True) == []
