@@ -25,7 +25,6 @@ SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]*.ipynb"))
 NOT_YET_FITTED = {
     "01_pytorch_gpu",
     "02_tensorflow_gpu",
-    "03_multi_gpu",
     "04_monitoring",
     "05_batch_size",
     "06_gradient_checkpointing",
