@@ -33,6 +33,9 @@ def lesson_minutes(path):
 def test_there_are_lessons():
     assert SOLUTIONS, "solutions/ holds no notebooks"
     assert [p.name for p in SOLUTIONS] == [p.name for p in LESSONS]
+    # every notebook is a lesson NN_topic, so every test here and tests/test_lesson_time.py
+    # (which globs solutions/NN*.ipynb) covers it, a lesson 10 too
+    assert sorted((ROOT / "solutions").glob("*.ipynb")) == SOLUTIONS
 
 
 def test_lessons_are_generated_from_solutions():
