@@ -18,8 +18,13 @@
   On a CUDA GPU at least as large as the card, the real model is trained on the real GPU
   instead, with the allocator capped to the card's memory
   (``torch.cuda.set_per_process_memory_fraction``);
-* at **small scale**: a narrow copy of the model (``width=8``) on 32 x 32 images, trained for
-  real for a few steps on this machine's device, to check that the loss stays finite.
+* at **small scale**: a narrow copy of the model (``width=8``) on 16 x 16 images, trained for
+  real for a few steps on this machine's device, to check that the loss stays finite. Every
+  ``torch.GradScaler`` is enabled there, as fp16 training needs it, so a scaler loop that
+  would break fp16 training on a GPU fails: a missing ``scaler.update()``, or
+  ``optimizer.step()`` on gradients still multiplied by the scale. On a GPU every
+  ``torch.autocast`` region also computes in float16; on a CPU it keeps the dtype asked for
+  (fp16 convolutions run ~15x slower than fp32 there).
 
 It reports the micro-batch (the largest batch the model saw in one forward pass) and the
 effective batch (samples per optimizer step), so a fix that silently changes training shows.
@@ -54,7 +59,7 @@ CONTEXT = "500 MiB"
 #: the largest card the checker simulates when a step does not fit, to say what it needs
 _UNLIMITED = "4096 GiB"
 _SMALL = {"width": 8, "n_classes": 10}
-_SMALL_IMAGE = 32
+_SMALL_IMAGE = 16
 
 
 class LargeResNet(ResNet):
@@ -164,6 +169,8 @@ class _Run:
     micro_batch: int = 0
     samples: int = 0
     losses: list = field(default_factory=list)
+    amp: bool = False        # the small-scale run used autocast or a GradScaler
+    error: str | None = None  # why the small-scale run stopped (a broken GradScaler loop)
 
 
 _FAKE_VALUE_HINT = (
@@ -302,6 +309,8 @@ class TrainingCheck(ShownAsTable):
     updates: int
     losses: tuple
     small_scale: str
+    #: why the small-scale run stopped (a broken ``GradScaler`` loop), or None
+    small_error: str | None = None
 
     @property
     def loss_finite(self) -> bool:
@@ -309,7 +318,7 @@ class TrainingCheck(ShownAsTable):
 
     @property
     def passed(self) -> bool:
-        return self.fits and self.loss_finite
+        return self.fits and self.loss_finite and self.small_error is None
 
     @property
     def bytes(self) -> int | None:
@@ -330,6 +339,8 @@ class TrainingCheck(ShownAsTable):
         return f"does not fit on the {self.gpu}: {_short_oom(self.oom or '')}; {need}"
 
     def loss_text(self) -> str:
+        if self.small_error is not None:
+            return f"stopped: {self.small_error}"
         if not self.losses:
             return "no loss"
         values = " -> ".join(f"~{v:.3g}" for v in self.losses)
@@ -410,11 +421,15 @@ def check_training(make_step: Callable, *, batch_size: int = 256, model=None, op
         full = _full_scale_virtual(make_step, capacity=capacity, card=card, **kwargs)
     small = _small_scale(make_step, device=device, steps=small_steps, **kwargs)
     losses = tuple(full.pop("losses", ())) + tuple(small.losses)
+    precision = ""
+    if small.amp:
+        precision = ("; GradScaler enabled" if device.type == "cpu" else
+                     "; autocast in float16, GradScaler enabled")
     return TrainingCheck(
         name=label, gpu=card, capacity_bytes=capacity, losses=losses,
         small_scale=(f"width {_SMALL['width']}, {_SMALL_IMAGE}x{_SMALL_IMAGE} images, "
-                     f"{small.updates} optimizer steps on {device.type}"),
-        batch_size=batch_size, **full,
+                     f"{small.updates} optimizer steps on {device.type}{precision}"),
+        small_error=small.error, batch_size=batch_size, **full,
     )
 
 
@@ -508,13 +523,95 @@ def _full_scale_cuda(make_step, *, device, batch_size, model_factory, opt_factor
                 release=lambda exc: release_after_error(exc, source.empty_cache))
 
 
+class _ScalerMisuse(RuntimeError):
+    """The optimizer stepped on gradients a GradScaler had scaled and not unscaled."""
+
+
+@contextlib.contextmanager
+def _strict_amp(run: _Run, opt, fp16: bool):
+    """Inside: every ``torch.GradScaler`` is enabled, ``torch.autocast`` regions compute in
+    float16 if ``fp16``, and ``optimizer.step()`` on gradients a scaler scaled (not via
+    ``scaler.step(optimizer)``) raises :class:`_ScalerMisuse`.  ``run.amp`` says whether
+    autocast or a scaler was used."""
+    from torch.amp import autocast_mode, grad_scaler
+
+    autocast_class, scaler_class = autocast_mode.autocast, grad_scaler.GradScaler
+    scalers: list = []
+
+    class Fp16Autocast(autocast_class):
+        def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+            if enabled:
+                run.amp = True
+            super().__init__(device_type, dtype=torch.float16 if enabled and fp16 else dtype,
+                             enabled=enabled, cache_enabled=cache_enabled)
+
+    class EnabledScaler(scaler_class):
+        def __init__(self, device="cuda", init_scale=2.0**16, growth_factor=2.0,
+                     backoff_factor=0.5, growth_interval=2000, enabled=True):
+            run.amp = True
+            super().__init__(device, init_scale=init_scale, growth_factor=growth_factor,
+                             backoff_factor=backoff_factor, growth_interval=growth_interval,
+                             enabled=True)
+            self.scaled = False
+            scalers.append(self)
+
+        def scale(self, outputs):
+            self.scaled = True
+            return super().scale(outputs)
+
+        def update(self, new_scale=None):
+            super().update(new_scale)
+            self.scaled = False
+
+    def check_unscaled(optimizer, *_):
+        for scaler in scalers:
+            state = scaler._per_optimizer_states[id(optimizer)]
+            if scaler.scaled and state["stage"] is grad_scaler.OptState.READY:
+                raise _ScalerMisuse(
+                    "optimizer.step() ran on gradients still multiplied by the GradScaler's "
+                    "scale: call scaler.step(optimizer), then scaler.update()")
+
+    names = [(torch, "autocast", Fp16Autocast), (torch.amp, "autocast", Fp16Autocast),
+             (torch, "GradScaler", EnabledScaler), (torch.amp, "GradScaler", EnabledScaler)]
+    if hasattr(torch, "cpu") and hasattr(torch.cpu, "amp"):
+        names.append((torch.cpu.amp, "GradScaler", EnabledScaler))
+    saved = [(module, name, getattr(module, name)) for module, name, _ in names]
+    handle = opt.register_step_pre_hook(check_unscaled)
+    try:
+        for module, name, value in names:
+            setattr(module, name, value)
+        yield
+    finally:
+        handle.remove()
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
 def _small_scale(make_step, *, device, steps, batch_size, model_factory, opt_factory) -> _Run:
+    """A narrow copy trained for real; mixed precision as strict as fp16 on a GPU (see
+    :func:`_strict_amp`). A broken GradScaler loop sets ``error`` on the returned run."""
     torch.manual_seed(0)
     net, opt = _build(model_factory, opt_factory, device, **_SMALL)
     net.train()
-    return _run_steps(make_step, net, opt, batch_size=batch_size, image_size=_SMALL_IMAGE,
-                      n_classes=_SMALL["n_classes"], device=device, min_updates=steps,
-                      max_calls=32 * steps, read_losses=True)
+    run = _Run()
+    try:
+        with _strict_amp(run, opt, fp16=device.type != "cpu"):
+            done = _run_steps(make_step, net, opt, batch_size=batch_size,
+                              image_size=_SMALL_IMAGE, n_classes=_SMALL["n_classes"],
+                              device=device, min_updates=steps, max_calls=32 * steps,
+                              read_losses=True)
+    except _ScalerMisuse as exc:
+        run.error = str(exc)
+        return run
+    except RuntimeError as exc:
+        # GradScaler's own checks: step() twice without update(), update() without step()
+        if not run.amp or "update()" not in str(exc) and "inf checks" not in str(exc):
+            raise
+        run.error = f"the GradScaler refused: {exc} (call scaler.step(optimizer), then " \
+                    "scaler.update(), once per optimizer step)"
+        return run
+    done.amp = run.amp
+    return done
 
 
 # --------------------------------------------------------------------------- compute cost

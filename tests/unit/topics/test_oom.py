@@ -133,6 +133,51 @@ def test_a_loss_that_is_not_finite_fails_the_check():
     assert any(math.isnan(v) for v in result.losses)
 
 
+def scaler_loop(mistake=None):
+    """A mixed-precision step as lesson 08 writes it (bf16 on a CPU: no scaler needed, so
+    ``enabled=False``), with one of the classic GradScaler mistakes."""
+    def make(model, optimizer):
+        scaler = torch.GradScaler("cpu", enabled=False)
+
+        def step(data, labels):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.cross_entropy(model(data), labels)
+            optimizer.zero_grad()
+            scaler.scale(loss).backward()
+            if mistake == "optimizer.step":
+                optimizer.step()           # the gradients are still multiplied by the scale
+            else:
+                scaler.step(optimizer)
+            if mistake != "no update":
+                scaler.update()
+            return loss
+        return step
+    return make
+
+
+def test_the_small_scale_run_enables_every_grad_scaler():
+    result = check(scaler_loop(), batch_size=8)
+    assert result.passed and result.small_error is None
+    assert "GradScaler enabled" in result.small_scale
+    plain_result = check(plain, batch_size=8)
+    assert "GradScaler" not in plain_result.small_scale
+    # the patched classes are put back
+    assert torch.autocast is torch.amp.autocast_mode.autocast
+    assert torch.GradScaler is torch.amp.grad_scaler.GradScaler
+    assert not torch.GradScaler("cpu", enabled=False).is_enabled()
+
+
+@pytest.mark.parametrize("mistake, says", [
+    ("no update", "step() has already been called since the last update()"),
+    ("optimizer.step", "call scaler.step(optimizer)"),
+])
+def test_a_broken_grad_scaler_loop_fails_the_check(mistake, says):
+    result = check(scaler_loop(mistake), batch_size=8)
+    assert result.fits and not result.passed
+    assert says in result.small_error and says in result.text()
+    assert "fails" in result.text()
+
+
 def test_the_result_shows_as_text_and_html():
     result = check(plain, batch_size=8, name="batch 8")
     assert result.text().startswith("batch 8: passes.")
