@@ -25,9 +25,7 @@ SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]*.ipynb"))
 NOT_YET_FITTED = {
     "02_tensorflow_gpu",
     "05_batch_size",
-    "07_mixed_precision",
     "08_oom_challenge",
-    "09_throughput",
 }
 
 
