@@ -26,7 +26,6 @@ NOT_YET_FITTED = {
     "02_tensorflow_gpu",
     "05_batch_size",
     "08_oom_challenge",
-    "09_throughput",
 }
 
 
