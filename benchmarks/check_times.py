@@ -61,7 +61,8 @@ def training_step(autocast=False):  # lesson 08's make_step, one micro-batch
         def step(data, labels):
             optimizer.zero_grad()
             with torch.autocast(device.type, dtype=amp.dtype, enabled=autocast):
-                loss = criterion(model(data), labels)
+                logits = model(data)
+                loss = criterion(logits, labels)
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
