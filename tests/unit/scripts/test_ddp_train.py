@@ -1,6 +1,6 @@
 """scripts/ddp_train.py waits for the device only every --log-every steps (lesson 03).
 
-The loop runs in this process as a group of one over gloo. On a CPU nothing really waits, so
+The loop runs in a child process as a group of one over gloo. On a CPU nothing really waits, so
 the tests count the calls that would: every `.item()`/`float(t)` (aten._local_scalar_dense,
 seen by a TorchDispatchMode) and every all-reduce the script starts itself. The script
 before this test read the loss and the stop flag with an all-reduce and an `.item()` each on
@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import signal
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,40 +38,49 @@ class _HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _run(monkeypatch, tmp_path, *args):
-    """main(args) in this process; returns (summary, .item() calls, all-reduces)."""
+def _run_here(args, summary):
+    """In a child process: main(args) as a group of one; returns (.item() calls, all-reduces).
+
+    The child leaves with os._exit, as the script does: destroying a gloo group whose DDP
+    reducer is still alive can hang in ~ProcessGroupGloo (the teardown race lesson 03
+    explains), which hung a CI worker when this ran in the test process itself."""
     spec = importlib.util.spec_from_file_location("ddp_train_syncs", SCRIPTS / "ddp_train.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(module, "shutdown", lambda code=0: dist.destroy_process_group())
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    module.shutdown = lambda code=0: None  # the child exits with os._exit below
     reduces, real_all_reduce = [], dist.all_reduce
 
-    def all_reduce(tensor, *args, **kwargs):
+    def all_reduce(tensor, *a, **kw):
         reduces.append(tensor.numel())
-        return real_all_reduce(tensor, *args, **kwargs)
+        return real_all_reduce(tensor, *a, **kw)
 
-    monkeypatch.setattr(dist, "all_reduce", all_reduce)
-    handlers = {sig: signal.getsignal(sig) for sig in module.STOP_SIGNALS}
+    dist.all_reduce = all_reduce
+    with _HostReads() as reads:
+        module.main([*args, "--samples", "1024", "--batch-size", "32", "--summary", summary])
+    return reads.count, len(reduces)
+
+
+def _run(tmp_path, *args):
+    """main(args) in a fresh process; returns (summary, .item() calls, all-reduces, stdout)."""
     summary = tmp_path / "summary.json"
-    try:
-        with _HostReads() as reads:
-            module.main([*args, "--samples", "1024", "--batch-size", "32",
-                         "--summary", str(summary)])
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    return json.loads(summary.read_text()), reads.count, len(reduces)
+    code = ("import json, os, sys; sys.path.insert(0, sys.argv[1]); import test_ddp_train as t; "
+            "r = t._run_here(json.loads(sys.argv[2]), sys.argv[3]); "
+            "print('RESULT', json.dumps(r), flush=True); sys.stderr.flush(); os._exit(0)")
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).parent), json.dumps(list(args)),
+         str(summary)], capture_output=True, text=True, timeout=600, cwd=SCRIPTS.parent,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result, proc.stdout + proc.stderr
+    reads, reduces = json.loads(result[-1].split(" ", 1)[1])
+    return json.loads(summary.read_text()), reads, reduces, proc.stdout
 
 
-def test_the_loop_reads_results_every_log_every_steps_not_every_step(monkeypatch, tmp_path,
-                                                                     capsys):
-    summary, reads, reduces = _run(monkeypatch, tmp_path, "--epochs", "2",
-                                          "--log-every", "8")
+def test_the_loop_reads_results_every_log_every_steps_not_every_step(tmp_path):
+    summary, reads, reduces, out = _run(tmp_path, "--epochs", "2", "--log-every", "8")
     steps = 2 * 1024 // 32  # world size 1: 32 steps per epoch
     waits = 1 + steps // 8  # after step 1 (the clock starts), then every 8th step
     assert summary["finished"] and len(summary["epoch_losses"]) == 2
@@ -78,15 +90,13 @@ def test_the_loop_reads_results_every_log_every_steps_not_every_step(monkeypatch
     # teardown, once per run or epoch (torch 2.13: DDP's init 1, the DataLoader's seed 1 per
     # epoch, all_gather_object 2). Before: 2 per step, 128 here.
     assert 2 * waits <= reads <= 2 * waits + 8, f"{reads} .item() calls in {steps} steps"
-    out = capsys.readouterr().out
     assert "epoch 1/2: mean loss" in out and "epoch 2/2: mean loss" in out
 
 
-def test_a_stop_signal_takes_effect_at_the_next_read(monkeypatch, tmp_path, capsys):
-    summary, _, _ = _run(monkeypatch, tmp_path, "--epochs", "2", "--log-every", "8",
-                            "--stop-after-steps", "5", "--checkpoint", str(tmp_path / "c.pt"))
+def test_a_stop_signal_takes_effect_at_the_next_read(tmp_path):
+    summary, _, _, out = _run(tmp_path, "--epochs", "2", "--log-every", "8",
+                              "--stop-after-steps", "5", "--checkpoint", str(tmp_path / "c.pt"))
     assert summary["stopped_by"] == "SIGTERM" and not summary["finished"]
-    out = capsys.readouterr().out
     assert "SIGTERM after step 8: rank 0 saved" in out and "after the signal" in out
     state = read_checkpoint(tmp_path / "c.pt")
     assert (state["epoch"], state["step"]) == (0, 8)
