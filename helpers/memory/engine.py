@@ -59,6 +59,58 @@ def _classify(func) -> int:
     return _NEW
 
 
+_DEVICE_QUERY = torch.ops.prim.device.default
+_IN_PLACE = set()
+for _name in ("add_", "sub_", "mul_", "div_", "lerp_", "addcmul_", "addcdiv_", "relu_", "zero_",
+              "fill_", "uniform_", "normal_", "clamp_min_", "clamp_"):
+    _packet = getattr(torch.ops.aten, _name, None)
+    if _packet is not None:
+        _IN_PLACE.update(getattr(_packet, o) for o in _packet.overloads())
+
+try:
+    from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+except ImportError:  # pragma: no cover
+    _FakeTensor = None
+
+
+def _in_place_on_fake(args, kwargs) -> bool:
+    """Can an elementwise in-place operation skip fake-tensor dispatch?  Only when it writes
+    a fake tensor that carries no constant value, every other tensor argument is a fake tensor
+    on the same device whose shape broadcasts to it and whose dtype is the same, and the
+    written tensor is floating point (so a Python number cannot fail to cast).  Anything else
+    goes through FakeTensorMode, which raises the errors a GPU would."""
+    if _FakeTensor is None or any(isinstance(v, torch.Tensor) or k == "generator" and
+                                  v is not None for k, v in kwargs.items()):
+        return False
+    self = args[0]
+    if type(self) is not _FakeTensor or self.constant is not None \
+            or not self.dtype.is_floating_point:
+        return False
+    shape, device, dtype = self.shape, self.fake_device, self.dtype
+    for other in args[1:]:
+        if isinstance(other, torch.Tensor):
+            if type(other) is not _FakeTensor or other.fake_device != device \
+                    or other.dtype != dtype or other.constant is not None:
+                return False
+            o = other.shape
+            if len(o) > len(shape) or any(a != 1 and a != b
+                                          for a, b in zip(reversed(o), reversed(shape))):
+                return False
+        elif not isinstance(other, (int, float, bool)) and other is not None:
+            return False
+    return True
+
+
+def _scan_needed(engine, args) -> bool:
+    live = engine.live
+    for t in args:
+        if isinstance(t, torch.Tensor):
+            st = _storage(t)
+            if st is not None and id(st) not in live:
+                return True
+    return False
+
+
 def _kind(func) -> int:
     kind = _KINDS.get(func)
     if kind is None:
@@ -304,9 +356,21 @@ class Engine(TorchDispatchMode):
     # ------------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is _DEVICE_QUERY:  # tensor.device from C++ (autograd asks it constantly)
+            return func(*args, **kwargs)
         kind = _kind(func)
         if kind == _VIEW:
             return func(*args, **kwargs)
+        if kind == _MUTATE and func in _IN_PLACE and _in_place_on_fake(args, kwargs):
+            # an elementwise in-place operation on fake tensors: no storage appears, grows or
+            # goes, and a fake tensor has no values to write (see _in_place_on_fake)
+            if _scan_needed(self, args):
+                self.current_op = func
+                self._scan_inputs(args, kwargs, self.recorder)
+                if self._pending is not None:
+                    args = kwargs = None
+                    self._fail()
+            return args[0]
         self.current_op = func
         recorder = self.recorder
         if recorder is not None and recorder.in_optimizer:

@@ -465,3 +465,58 @@ def test_full_scale_virtual_gpu_runs_out_in_seconds():
             nn.functional.cross_entropy(model(x), y).backward()
     with pytest.raises(RuntimeError, match="nest"), helpers.full_scale(), helpers.full_scale():
         pass
+
+
+# ---------------------------------------------------------------- the fast paths (issue 17)
+def _fake_training(steps=2):
+    """Two Adam steps of a small ResNet on a virtual GPU with fake tensors: the peaks, the
+    reserved peak, and measure_step's bytes per category."""
+    gpu = helpers.VirtualGPU("2 GiB", fake=True, rounding=True, context_bytes="100 MiB")
+    with gpu:
+        torch.manual_seed(0)
+        net = helpers.LargeResNet(width=8, n_classes=10)
+        opt = torch.optim.Adam(net.parameters())
+        x, y = torch.randn(16, 3, 64, 64), torch.randint(0, 10, (16,))
+
+        def step():
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+
+        report = helpers.measure_step(step, model=net, optimizer=opt, inputs=(x, y),
+                                      steps=steps)
+        peaks = (gpu.peak_allocated_bytes, gpu.peak_reserved_bytes)
+    return peaks, report.to_dict(), report.text()
+
+
+def test_fast_paths_count_exactly_what_full_fake_dispatch_counts(monkeypatch):
+    """The engine skips fake-tensor dispatch for elementwise in-place operations and device
+    queries: the bytes must be the same as with every operation dispatched."""
+    from helpers.memory import engine
+
+    fast = _fake_training()
+    calls = []
+    real = engine._in_place_on_fake
+
+    def counting(args, kwargs):
+        calls.append(real(args, kwargs))
+        return False  # never take the fast path
+
+    monkeypatch.setattr(engine, "_in_place_on_fake", counting)
+    monkeypatch.setattr(engine, "_DEVICE_QUERY", object())
+    slow = _fake_training()
+    assert fast == slow
+    assert sum(calls) > 100  # Adam's lerp_, mul_, addcmul_, addcdiv_ took it
+
+
+def test_in_place_errors_still_raise_on_fake_tensors():
+    with helpers.VirtualGPU("1 GiB", fake=True):
+        a, b = torch.empty(3, 4), torch.empty(5, 4)
+        with pytest.raises(RuntimeError):
+            a.add_(b)  # does not broadcast to a's shape
+        with pytest.raises(RuntimeError):  # a float cannot be written into integers
+            torch.zeros(3, dtype=torch.int64).add_(1.5)
+        step = torch.tensor(0.0)  # a constant (Adam's step counter): its value must follow
+        step += 1
+        step += 1
+        assert step.item() == 2.0
