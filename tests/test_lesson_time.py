@@ -5,9 +5,6 @@ exercise minutes; the `## Going further` part left out) must be within 25 % of t
 `**Time:** X min teaching + Y min exercises` line, the core's exercise minutes within 25 % of
 Y, and every exercise must state its minutes. Every solutions/NN*.ipynb is covered, so a new
 lesson (10, ...) is too.
-
-NOT_YET_FITTED lists the lessons still being fitted (issue 17): their test is expected to fail
-(strict xfail), so it fails once the lesson fits, as a reminder to remove it from the set.
 """
 
 from pathlib import Path
@@ -21,25 +18,7 @@ from helpers.authoring import pacing
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]*.ipynb"))
 
-# lesson stems whose core does not fit yet; remove yours when `make minutes` says OK
-NOT_YET_FITTED = {
-    "05_batch_size",
-    "08_oom_challenge",
-}
-
-
-def _lessons():
-    return [pytest.param(path, id=path.stem, marks=[pytest.mark.xfail(
-                strict=True, reason="issue 17: being fitted to its stated minutes "
-                "(NOT_YET_FITTED)")] if path.stem in NOT_YET_FITTED else [])
-            for path in SOLUTIONS]
-
-
-def test_not_yet_fitted_names_real_lessons():
-    assert NOT_YET_FITTED <= {p.stem for p in SOLUTIONS}, "a stem in NOT_YET_FITTED is unknown"
-
-
-@pytest.mark.parametrize("path", _lessons())
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
 def test_core_fits_the_stated_minutes(path):
     t = pacing.estimate(path)
     print(f"{t.name}: stated {t.stated} min, core {t.core.breakdown()}, "

@@ -93,8 +93,8 @@ def _in_place_on_fake(args, kwargs) -> bool:
                     or other.dtype != dtype or other.constant is not None:
                 return False
             o = other.shape
-            if len(o) > len(shape) or any(a != 1 and a != b
-                                          for a, b in zip(reversed(o), reversed(shape))):
+            if len(o) > len(shape) or any(a != 1 and a != b for a, b in
+                                          zip(o, shape[len(shape) - len(o):], strict=True)):
                 return False
         elif not isinstance(other, (int, float, bool)) and other is not None:
             return False

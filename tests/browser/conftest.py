@@ -140,7 +140,7 @@ def lab(tmp_path_factory, browser_type_launch_args):
     base = tmp_path_factory.mktemp("lab")
     root = base / "root"
     root.mkdir()
-    for name in ("01_pytorch_gpu.ipynb", "04_monitoring.ipynb"):
+    for name in ("01_pytorch_gpu.ipynb", "04_monitoring.ipynb", "08_oom_challenge.ipynb"):
         shutil.copy(ROOT / "lessons" / name, root / name)
     dirs = {k: base / k.lower() for k in (
         "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR",

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import textwrap
 
+from script_loader import load_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-spec = importlib.util.spec_from_file_location(
-    "cuda_coverage", os.path.join(ROOT, "scripts", "cuda_coverage.py"))
-cuda_coverage = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cuda_coverage)
+cuda_coverage = load_script("cuda_coverage")
 
 SOURCE = textwrap.dedent('''\
     import torch

@@ -10,6 +10,7 @@ import types
 
 import pytest
 import torch
+from script_loader import load_script
 
 import helpers
 from helpers import batch_size as bs
@@ -199,10 +200,7 @@ def test_real_gpu_check_that_does_not_fit_even_uncapped(monkeypatch):
 
 # ------------------------------------------------------------------------- ddp_train.py
 def _ddp_train(monkeypatch):
-    spec = importlib.util.spec_from_file_location(
-        "ddp_train_rehearsal", os.path.join(ROOT, "scripts", "ddp_train.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("ddp_train", "ddp_train_rehearsal")
     calls = []
     monkeypatch.setattr(module, "dist", types.SimpleNamespace(
         init_process_group=lambda backend, **kw: calls.append((backend, kw)),

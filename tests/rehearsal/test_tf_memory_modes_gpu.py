@@ -9,12 +9,12 @@ NVML's card takes what a real one would at the first operation.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import types
 
 import pytest
+from script_loader import load_script
 
 from helpers.core.fake_nvml import FakeGpu, FakeNvml
 
@@ -23,15 +23,7 @@ MiB, GiB = 2**20, 2**30
 CONTEXT = 500 * MiB  # a CUDA context, roughly
 
 
-def load_script():
-    path = os.path.join(ROOT, "scripts", "tf_memory_modes.py")
-    spec = importlib.util.spec_from_file_location("tf_memory_modes", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-modes = load_script()
+modes = load_script("tf_memory_modes")
 
 
 class LogicalDeviceConfiguration(types.SimpleNamespace):

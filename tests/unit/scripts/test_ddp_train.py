@@ -9,7 +9,6 @@ every step (and synchronized the GPU every step).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from script_loader import load_script
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.checkpoint import read_checkpoint
@@ -44,9 +44,7 @@ def _run_here(args, summary):
     The child leaves with os._exit, as the script does: destroying a gloo group whose DDP
     reducer is still alive can hang in ~ProcessGroupGloo (the teardown race lesson 03
     explains), which hung a CI worker when this ran in the test process itself."""
-    spec = importlib.util.spec_from_file_location("ddp_train_syncs", SCRIPTS / "ddp_train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("ddp_train", "ddp_train_syncs")
     os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
     module.shutdown = lambda code=0: None  # the child exits with os._exit below
@@ -65,12 +63,12 @@ def _run_here(args, summary):
 def _run(tmp_path, *args):
     """main(args) in a fresh process; returns (summary, .item() calls, all-reduces, stdout)."""
     summary = tmp_path / "summary.json"
-    code = ("import json, os, sys; sys.path.insert(0, sys.argv[1]); import test_ddp_train as t; "
-            "r = t._run_here(json.loads(sys.argv[2]), sys.argv[3]); "
+    code = ("import json, os, sys; sys.path[:0] = sys.argv[1:3]; import test_ddp_train as t; "
+            "r = t._run_here(json.loads(sys.argv[3]), sys.argv[4]); "
             "print('RESULT', json.dumps(r), flush=True); sys.stderr.flush(); os._exit(0)")
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(Path(__file__).parent), json.dumps(list(args)),
-         str(summary)], capture_output=True, text=True, timeout=600, cwd=SCRIPTS.parent,
+        [sys.executable, "-c", code, str(Path(__file__).parent), str(SCRIPTS.parent / "tests"),
+         json.dumps(list(args)), str(summary)], capture_output=True, text=True, timeout=600, cwd=SCRIPTS.parent,
         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -104,9 +102,7 @@ def test_a_stop_signal_takes_effect_at_the_next_read(tmp_path):
 
 @pytest.mark.parametrize("every", ["0", "-1"])
 def test_log_every_must_be_positive(every, capsys):
-    spec = importlib.util.spec_from_file_location("ddp_train_args", SCRIPTS / "ddp_train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("ddp_train", "ddp_train_args")
     with pytest.raises(SystemExit):
         module.parse_args(["--log-every", every])
     assert "--log-every must be positive" in capsys.readouterr().err

@@ -4,7 +4,6 @@ tests/rehearsal/test_tf_memory_modes_gpu.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,19 +11,13 @@ import types
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "tf_memory_modes.py"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("tf_memory_modes", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-modes = load_script()
+modes = load_script("tf_memory_modes")
 
 
 class CpuOnlyTensorFlow(types.ModuleType):
