@@ -130,24 +130,24 @@ class Workspaces:
         """Sizes from the arguments (bytes, already validated), else the environment
         (``CUBLAS_WORKSPACE_CONFIG``, ``CUDNN_CONV_WSCAP_DBG``), else the defaults."""
         env = os.environ if environ is None else environ
-        sources = {}
-        if cublas is not None:
-            cublas_bytes, sources["cublas"] = cublas, "cublas_workspace="
-        elif env.get("CUBLAS_WORKSPACE_CONFIG") is not None:
-            cublas_bytes = parse_cublas_workspace_config(env["CUBLAS_WORKSPACE_CONFIG"])
-            sources["cublas"] = f"CUBLAS_WORKSPACE_CONFIG={env['CUBLAS_WORKSPACE_CONFIG']}"
-        else:
-            cublas_bytes = default_cublas_workspace(compute_capability)
+
+        def cublas_default():
             cc = "" if compute_capability is None else \
                 f" for compute capability {compute_capability[0]}.{compute_capability[1]}"
-            sources["cublas"] = f"PyTorch's default{cc}"
-        if cudnn is not None:
-            cudnn_bytes, sources["cudnn"] = cudnn, "cudnn_workspace="
-        elif env.get("CUDNN_CONV_WSCAP_DBG") is not None:
-            cudnn_bytes = _cudnn_cap(env["CUDNN_CONV_WSCAP_DBG"])
-            sources["cudnn"] = f"CUDNN_CONV_WSCAP_DBG={cudnn_bytes // MiB}"
-        else:
-            cudnn_bytes, sources["cudnn"] = DEFAULT_CUDNN_WORKSPACE, "the kit's allowance"
+            return default_cublas_workspace(compute_capability), f"PyTorch's default{cc}"
+
+        def cudnn_from_env(raw):
+            cap = _cudnn_cap(raw)
+            return cap, f"CUDNN_CONV_WSCAP_DBG={cap // MiB}"
+
+        sources = {}
+        cublas_bytes, sources["cublas"] = _first_set(
+            cublas, "cublas_workspace=", env, "CUBLAS_WORKSPACE_CONFIG",
+            lambda raw: (parse_cublas_workspace_config(raw), f"CUBLAS_WORKSPACE_CONFIG={raw}"),
+            cublas_default)
+        cudnn_bytes, sources["cudnn"] = _first_set(
+            cudnn, "cudnn_workspace=", env, "CUDNN_CONV_WSCAP_DBG", cudnn_from_env,
+            lambda: (DEFAULT_CUDNN_WORKSPACE, "the kit's allowance"))
         return cls(cublas_bytes, cudnn_bytes, sources)
 
     @property
@@ -159,6 +159,15 @@ class Workspaces:
         return (f"Workspaces(cublas={self.cublas_bytes} bytes ({self.sources['cublas']}), "
                 f"cudnn={self.cudnn_bytes} bytes ({self.sources['cudnn']}), "
                 f"held={len(self.held)})")
+
+
+def _first_set(value, argument: str, env, variable: str, from_env, default) -> tuple[int, str]:
+    """``(bytes, where they came from)``: the argument if given, else the environment variable
+    (``from_env(raw)``), else ``default()``."""
+    if value is not None:
+        return value, argument
+    raw = env.get(variable)
+    return from_env(raw) if raw is not None else default()
 
 
 @dataclass(frozen=True)

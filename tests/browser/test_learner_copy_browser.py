@@ -36,7 +36,9 @@ def test_lesson_08_learner_copy_locks_collapses_and_hides_predictions(page: Page
     page.goto(lab.open_url("08_oom_challenge.ipynb"))
     panel = notebook(page)
     expect(panel).to_be_visible(timeout=60_000)
-    expect(panel.locator(".jp-Cell").first).to_be_visible(timeout=60_000)
+    # the panel shows before the notebook's content has loaded into it
+    page.wait_for_function(f"() => ({CELL_STATES})().some(c => c.first.startsWith('# Check: '))",
+                           timeout=60_000)
     cells = page.evaluate(CELL_STATES)
     code = [c for c in cells if c["type"] == "code"]
 
