@@ -68,8 +68,8 @@ def _run(tmp_path, *args):
             "print('RESULT', json.dumps(r), flush=True); sys.stderr.flush(); os._exit(0)")
     proc = subprocess.run(
         [sys.executable, "-c", code, str(Path(__file__).parent), str(SCRIPTS.parent / "tests"),
-         json.dumps(list(args)), str(summary)], capture_output=True, text=True, timeout=600, cwd=SCRIPTS.parent,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+         json.dumps(list(args)), str(summary)], capture_output=True, text=True, timeout=600,
+        cwd=SCRIPTS.parent, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert result, proc.stdout + proc.stderr
