@@ -51,7 +51,7 @@ DIST = ROOT / "dist"
 LEARNER_BUNDLE = ["README.md", "LICENSE", "CONTRIBUTING.md", "Makefile", "pyproject.toml",
                   "requirements.txt", "requirements-gpu.txt", "requirements-gpu-tf.txt",
                   "environment.yml", "binder",
-                  "helpers", "lessons", "scripts", "benchmarks",
+                  "helpers", "lessons", "reference", "scripts", "benchmarks",
                   "tests/gpu/results"]  # recorded GPU results lessons 05-09 show, once there
 SOLUTIONS_EXTRA = ["solutions"]
 
