@@ -431,20 +431,24 @@ def test_oom_inside_measure_step_carries_the_partial_report():
     assert "in MLP" in str(info.value)
 
 
+def _adam_steps(model, x, y, steps=2):
+    """measure_step of ``steps`` Adam training steps of ``model`` on the batch ``(x, y)``."""
+    opt = torch.optim.Adam(model.parameters())
+
+    def step():
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return helpers.measure_step(step, model=model, optimizer=opt, inputs=(x, y), steps=steps)
+
+
 # ---------------------------------------------------------------- full scale (fake tensors)
 def test_fake_tensors_give_the_same_bytes_as_real_ones():
     def run():
         torch.manual_seed(0)
         model = helpers.SmallCNN(3, 10, 8)
-        opt = torch.optim.Adam(model.parameters())
-        x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
-
-        def step():
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-
-        return helpers.measure_step(step, model=model, optimizer=opt, inputs=(x, y), steps=2)
+        return _adam_steps(model, torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,)))
 
     real = run()
     with helpers.full_scale():
@@ -475,16 +479,8 @@ def _fake_training(steps=2):
     with gpu:
         torch.manual_seed(0)
         net = helpers.LargeResNet(width=8, n_classes=10)
-        opt = torch.optim.Adam(net.parameters())
-        x, y = torch.randn(16, 3, 64, 64), torch.randint(0, 10, (16,))
-
-        def step():
-            opt.zero_grad()
-            nn.functional.cross_entropy(net(x), y).backward()
-            opt.step()
-
-        report = helpers.measure_step(step, model=net, optimizer=opt, inputs=(x, y),
-                                      steps=steps)
+        report = _adam_steps(net, torch.randn(16, 3, 64, 64), torch.randint(0, 10, (16,)),
+                             steps)
         peaks = (gpu.peak_allocated_bytes, gpu.peak_reserved_bytes)
     return peaks, report.to_dict(), report.text()
 
