@@ -65,3 +65,5 @@ def test_lesson_08_learner_copy_locks_collapses_and_hides_predictions(page: Page
     page.evaluate(SCROLL_TO, checks[0] - 1)
     page.wait_for_timeout(300)  # let the scroll settle before the picture
     page.screenshot(path=lab.artifacts / "lab-08-learner-copy-challenge.png")
+    # nothing ran: shut the kernel JupyterLab started, so it does not load the later tests
+    page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
