@@ -3,6 +3,9 @@ not run. Its setup and check cells must be read-only and undeletable in the UI (
 ``editable``/``deletable`` metadata JupyterLab honours), the check cells collapsed to their
 ``# Check: ...`` line, the exercise cells editable, and the cell that asks for a prediction
 must show no result yet. A screenshot of the challenge goes to test-artifacts/.
+
+The file name sorts it after the other browser tests: with it first, their waits for a live
+plot to start timed out in two CI runs out of four (each passed on a rerun).
 """
 
 from __future__ import annotations
