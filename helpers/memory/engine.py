@@ -101,16 +101,6 @@ def _in_place_on_fake(args, kwargs) -> bool:
     return True
 
 
-def _scan_needed(engine, args) -> bool:
-    live = engine.live
-    for t in args:
-        if isinstance(t, torch.Tensor):
-            st = _storage(t)
-            if st is not None and id(st) not in live:
-                return True
-    return False
-
-
 def _kind(func) -> int:
     kind = _KINDS.get(func)
     if kind is None:
@@ -361,16 +351,9 @@ class Engine(TorchDispatchMode):
         kind = _kind(func)
         if kind == _VIEW:
             return func(*args, **kwargs)
-        if kind == _MUTATE and func in _IN_PLACE and _in_place_on_fake(args, kwargs):
-            # an elementwise in-place operation on fake tensors: no storage appears, grows or
-            # goes, and a fake tensor has no values to write (see _in_place_on_fake)
-            if _scan_needed(self, args):
-                self.current_op = func
-                self._scan_inputs(args, kwargs, self.recorder)
-                if self._pending is not None:
-                    args = kwargs = None
-                    self._fail()
-            return args[0]
+        # an elementwise in-place operation on fake tensors: no storage appears, grows or
+        # goes, and a fake tensor has no values to write (see _in_place_on_fake)
+        skip = kind == _MUTATE and func in _IN_PLACE and _in_place_on_fake(args, kwargs)
         self.current_op = func
         recorder = self.recorder
         if recorder is not None and recorder.in_optimizer:
@@ -380,7 +363,7 @@ class Engine(TorchDispatchMode):
         if self._pending is not None:
             args = kwargs = None
             self._fail()
-        out = func(*args, **kwargs)
+        out = args[0] if skip else func(*args, **kwargs)
         n_points = len(recorder.points) if recorder is not None else 0
         self._track_outputs(func, kind, out, recorder)
         if self.workspaces is not None and self._pending is None:
