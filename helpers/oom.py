@@ -51,7 +51,7 @@ from .models import ResNet
 
 __all__ = [
     "LargeResNet", "SyntheticImages", "TrainingCheck", "check_training", "count_flops",
-    "fix_table", "original_step", "plot_fixes",
+    "fix_table", "loop_step", "original_step", "plot_fixes",
 ]
 
 #: the virtual card's CUDA context, as lessons 05 and 06 assume
@@ -135,6 +135,52 @@ def original_step(model, optimizer):
     return step
 
 
+def loop_step(loop: Callable) -> Callable:
+    """A ``make_step`` for :func:`check_training` made from a script's training loop.
+
+    ``loop(model, optimizer, loader, epochs)`` is the loop as a script writes it::
+
+        def loop(model, optimizer, loader, epochs):
+            criterion = nn.CrossEntropyLoss()
+            for epoch in range(epochs):
+                for data, labels in loader:
+                    ...   # forward, loss, zero_grad, backward, optimizer.step()
+
+    Each ``step(data, labels)`` of the checker calls it once with a loader of that one batch
+    and ``epochs=1``, so what the loop builds before its ``for`` (a criterion, a
+    ``GradScaler``) is built again for every batch: harmless for memory and for the checks.
+    The loss is read from the loop's loss module (a module whose class name ends in ``Loss``,
+    such as ``nn.CrossEntropyLoss``): the last one it computed is the step's loss.
+    """
+    if not callable(loop):
+        raise TypeError(f"loop must be a function loop(model, optimizer, loader, epochs), got "
+                        f"{type(loop).__name__}: {loop!r}")
+
+    def make_step(model, optimizer):
+        def step(data, labels):
+            losses = []
+
+            def record(module, _args, output):
+                if type(module).__name__.endswith("Loss"):  # CrossEntropyLoss, MSELoss...
+                    losses.append(output)
+
+            handle = nn.modules.module.register_module_forward_hook(record)
+            try:
+                loop(model, optimizer, [(data, labels)], 1)
+            finally:
+                handle.remove()
+            if not losses:
+                raise TypeError("the loop computed no loss with a loss module: compute it "
+                                "with one, as the script does (criterion = "
+                                "nn.CrossEntropyLoss(), loss = criterion(outputs, labels))")
+            return losses[-1]
+
+        return step
+
+    make_step.__name__ = getattr(loop, "__name__", "loop")
+    return make_step
+
+
 # --------------------------------------------------------------------------- validation
 def _arguments(make_step, batch_size, model, optimizer) -> tuple:
     """``(batch_size, model_factory, optimizer_factory)``, each checked."""
@@ -171,6 +217,7 @@ class _Run:
     losses: list = field(default_factory=list)
     amp: bool = False        # the small-scale run used autocast or a GradScaler
     error: str | None = None  # why the small-scale run stopped (a broken GradScaler loop)
+    model_called: bool = False  # the model's own forward ran (else its children's count)
 
 
 _FAKE_VALUE_HINT = (
@@ -193,8 +240,18 @@ def _run_steps(make_step, net, opt, *, batch_size: int, image_size: int, n_class
         if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
             run.micro_batch = max(run.micro_batch, int(args[0].shape[0]))
 
+    def count_child_forward(module, args):  # a loop that calls model.stem(...) directly
+        if not run.model_called:
+            count_forward(module, args)
+
+    def model_called(_module, _args):
+        run.model_called = True
+
     handles = [opt.register_step_post_hook(count_update),
+               net.register_forward_pre_hook(model_called),
                net.register_forward_pre_hook(count_forward)]
+    handles += [child.register_forward_pre_hook(count_child_forward)
+                for child in net.children()]
     try:
         step = make_step(net, opt)
         if not callable(step):

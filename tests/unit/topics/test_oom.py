@@ -118,6 +118,55 @@ def test_accumulation_over_calls_is_counted_too():
     assert result.micro_batch == 8 and result.effective_batch == 24 and result.updates == 2
 
 
+def script_loop(model, optimizer, loader, epochs):
+    """The workshop script's loop, as a function of what it uses."""
+    criterion = nn.CrossEntropyLoss()
+    for _epoch in range(epochs):
+        for data, labels in loader:
+            loss = criterion(model(data), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+def test_a_scripts_loop_is_checked_as_its_step():
+    as_loop = check(helpers.loop_step(script_loop), batch_size=16)
+    as_step = check(plain, batch_size=16)
+    assert as_loop.name == "script_loop" and as_loop.passed
+    # the loss the hook keeps can take one more 2 MiB block of the allocator's small pool
+    assert 0 <= as_loop.peak_bytes - as_step.peak_bytes <= 2 * 2**20
+    assert (as_loop.micro_batch, as_loop.effective_batch) == (16, 16)
+    assert len(as_loop.losses) == 3 and as_loop.loss_finite
+
+
+def test_a_loop_that_calls_the_models_parts_counts_their_batch():
+    def checkpointed(model, optimizer, loader, epochs):
+        criterion = nn.CrossEntropyLoss()
+        for _epoch in range(epochs):
+            for data, labels in loader:
+                x = checkpoint_sequential(model.layers, 2, model.stem(data),
+                                          use_reentrant=False)
+                loss = criterion(model.head(x), labels)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+
+    result = check(helpers.loop_step(checkpointed), batch_size=16)
+    assert result.passed and result.micro_batch == result.effective_batch == 16
+
+
+def test_a_loop_without_a_loss_module_or_a_function_is_explained():
+    def functional(model, optimizer, loader, epochs):
+        for data, labels in loader:
+            nn.functional.cross_entropy(model(data), labels).backward()
+            optimizer.step()
+
+    with pytest.raises(TypeError, match="no loss with a loss module"):
+        check(helpers.loop_step(functional), batch_size=8)
+    with pytest.raises(TypeError, match="loop must be a function"):
+        helpers.loop_step("train.py")
+
+
 def test_a_loss_that_is_not_finite_fails_the_check():
     def diverging(model, optimizer):
         inner = plain(model, optimizer)
