@@ -227,10 +227,12 @@ minutes: setup
 lint: setup
 	$(BIN)/ruff check .
 
-# launch the DDP training script RUNS times in a row and count failures (not part of `make test`)
+# launch the DDP training script, then lesson 03's solved DDP exercise, RUNS times each in a
+# row and count failures (not part of `make test`)
 RUNS ?= 30
 stress: setup
 	$(PY) scripts/stress_ddp.py --runs $(RUNS)
+	$(PY) scripts/stress_ddp.py --runs $(RUNS) --script exercise
 
 bench: setup
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b; done
