@@ -93,6 +93,11 @@ _EXPORTS = {
     "parse_capacity": "memory.capacity",
     "KNOWN_GPUS": "memory.capacity",
     "measure_keras_step": "tf.keras",
+    # Keras track (lessons 05 and 08): a step's memory line and the Keras virtual card
+    "measure_keras_memory": "tf.memory_fit",
+    "KerasMemoryFit": "tf.memory_fit",
+    "KerasVirtualGPU": "tf.virtual_card",
+    "KerasOOM": "tf.virtual_card",
     # mixed precision (lesson 07)
     "amp_settings": "amp",
     "AmpSettings": "amp",

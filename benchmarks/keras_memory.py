@@ -1,0 +1,75 @@
+"""How well a Keras step's memory line extrapolates, and what each measurement costs.
+
+    python benchmarks/keras_memory.py [--batches 64,128,192,256] [--check 384] [--steps 5]
+
+Builds a small ResNet-like CNN (32 px, widths 16/32/64, Adam), runs
+helpers.measure_keras_memory and prints the line, each point's residual, the per-sample
+slopes between neighbours, the held-out error, and how long each measurement took, as a
+ratio to the first (no thresholds: the numbers depend on the machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import helpers
+
+
+def small_resnet(px: int = 32, width: int = 16, classes: int = 10):
+    import keras
+
+    layers = keras.layers
+    inp = keras.Input((px, px, 3))
+    h = layers.ReLU()(layers.BatchNormalization()(
+        layers.Conv2D(width, 3, padding="same", use_bias=False)(inp)))
+    for stage, f in enumerate([width, 2 * width, 4 * width]):
+        for block in range(2):
+            stride = 2 if stage and not block else 1
+            y = layers.Conv2D(f, 3, strides=stride, padding="same", use_bias=False)(h)
+            y = layers.Conv2D(f, 3, padding="same", use_bias=False)(
+                layers.ReLU()(layers.BatchNormalization()(y)))
+            y = layers.BatchNormalization()(y)
+            short = h
+            if stride != 1 or h.shape[-1] != f:
+                short = layers.BatchNormalization()(
+                    layers.Conv2D(f, 1, strides=stride, use_bias=False)(h))
+            h = layers.ReLU()(layers.Add()([y, short]))
+    out = layers.Dense(classes)(layers.GlobalAveragePooling2D()(h))
+    model = keras.Model(inp, out, name=f"small_resnet{px}")
+    model.compile(optimizer=keras.optimizers.Adam(),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="64,128,192,256")
+    parser.add_argument("--check", type=int, default=384)
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    helpers.setup(seed=0, tensorflow=True)
+    batches = [int(b) for b in args.batches.split(",")]
+    start = time.perf_counter()
+    fit = helpers.measure_keras_memory(small_resnet, batches, check_batch=args.check,
+                                       steps=args.steps)
+    total = time.perf_counter() - start
+    print(fit.text())
+    print("residuals: " + ", ".join(f"batch {b}: {r / 2**20:+.2f} MiB ({f * 100:+.2f} %)"
+                                     for b, r, f in zip(fit.batch_sizes, fit.residuals,
+                                                        fit.residual_fractions, strict=True)))
+    print(f"held-out error at batch {fit.check_batch}: {fit.check_error * 100:+.2f} %")
+    print("step peaks (MiB): " + "; ".join(
+        f"{b}: " + ", ".join(f"{p / 2**20:.1f}" for p in peaks)
+        for b, peaks in zip([*fit.batch_sizes, fit.check_batch], fit.step_peaks,
+                            strict=True)))
+    first = fit.seconds[0]
+    print("time per measurement (ratio to the first, batch "
+          f"{fit.batch_sizes[0]}): " + ", ".join(
+              f"{b}: {helpers.fmt_ratio(s / first)}"
+              for b, s in zip([*fit.batch_sizes, fit.check_batch], fit.seconds, strict=True)))
+    print(f"whole measurement: {helpers.fmt_seconds(total)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,431 @@
+"""``measure_keras_memory``: a Keras training step's memory as a line in the batch size.
+
+TensorFlow has no fake tensors, so a step at full scale cannot be measured without running
+it. But for fixed input shapes and a fixed program, the memory of a training step is close to
+affine in the batch size: weights, gradients and optimizer slots do not grow with the batch,
+activations (and the batch itself) grow in proportion to it. So::
+
+    fit = helpers.measure_keras_memory(build_model, [16, 32, 64], check_batch=128)
+    fit                                  # the line, each point's residual, the held-out error
+    fit.predict(256)                     # bytes at batch 256
+    fit.largest_batch("L40S", margin=0.1)
+
+measures the peak of TensorFlow's own allocator (its BFC allocator; ``helpers.setup`` enables
+it on the CPU) over a few training steps at each batch size, fits ``peak = a + b * batch`` by
+least squares and checks the line on a larger batch that it was not fitted to.
+
+What the line cannot see: a GPU's cuDNN autotuning workspaces and cuBLAS workspaces land in
+the same peak there but not on a CPU, XLA (``jit_compile=True``, Keras' default on GPUs)
+fuses and reorders the program, and the CUDA context is outside TensorFlow's allocator.
+"""
+
+from __future__ import annotations
+
+import gc
+import html
+import math
+import numbers
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from ..core.checks import positive_int, real_number, shown
+from ..core.fmt import ShownAsTable, Table, fmt_mib
+from ..memory.capacity import resolve_capacity
+
+__all__ = ["measure_keras_memory", "KerasMemoryFit", "affine_fit"]
+
+DEVICE = "CPU:0"
+
+
+def affine_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares line through the points: ``(intercept, slope)`` of ``y = a + b * x``.
+
+    Needs at least two distinct ``xs``; exact for points on a line.
+    """
+    xs = [Fraction(v) for v in xs]  # exact arithmetic: byte counts are whole numbers
+    ys = [Fraction(v) for v in ys]
+    if len(xs) != len(ys):
+        raise ValueError(f"xs and ys must have the same length, got {len(xs)} and {len(ys)}")
+    if len(set(xs)) < 2:
+        raise ValueError("a line needs at least two different batch sizes")
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    slope = sxy / sxx
+    return float(my - slope * mx), float(slope)
+
+
+def _pct(fraction: float) -> str:
+    return f"~{fraction * 100:+.1f} %"
+
+
+@dataclass(repr=False)
+class KerasMemoryFit(ShownAsTable):
+    """A Keras training step's memory as a line in the batch size, with its checks.
+
+    ``peak = intercept_bytes + per_sample_bytes * batch``, fitted by least squares to the
+    measured peaks ``peaks`` at ``batch_sizes``. Read:
+
+    * ``residuals``: measured minus fitted, per fit point (bytes; ``residual_fractions``
+      relative to the measurement);
+    * ``neighbour_slopes``: bytes per sample between neighbouring fit points, and
+      ``slope_spread``: their (max - min) / fitted slope (0 for a perfect line);
+    * ``check_batch``, ``check_peak``, ``check_error``: the held-out batch, its measured
+      peak and the line's relative error there, ``(predicted - measured) / measured``;
+    * ``seconds``: how long each measurement took (fit batches, then the check batch), and
+      ``step_peaks`` each step's peak there (the median of a point's is its peak).
+
+    Methods: ``predict(batch)`` (bytes, an int) and ``largest_batch(capacity, margin=0.0)``.
+    """
+
+    title: str
+    batch_sizes: list[int]
+    peaks: list[int]
+    intercept_bytes: float
+    per_sample_bytes: float
+    check_batch: int | None = None
+    check_peak: int | None = None
+    n_parameters: int = 0
+    input_shape: tuple | None = None
+    policy: str = "float32"
+    steps: int = 0
+    seconds: list[float] = field(default_factory=list)
+    step_peaks: list[list[int]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_points(cls, batch_sizes, peaks, *, check_batch=None, check_peak=None,
+                    title: str = "a Keras model", **kwargs) -> KerasMemoryFit:
+        """The line through measured ``(batch, peak)`` points (also for numbers measured
+        elsewhere, such as a GPU's)."""
+        batches = _batches(batch_sizes, "batch_sizes")
+        if not isinstance(peaks, Sequence) or isinstance(peaks, str):
+            raise TypeError(f"peaks must be a list of byte counts, got {type(peaks).__name__}")
+        if len(peaks) != len(batches):
+            raise ValueError(f"peaks must have one value per batch size ({len(batches)}), "
+                             f"got {len(peaks)}")
+        peaks = [_bytes(p, "peaks") for p in peaks]
+        if (check_batch is None) != (check_peak is None):
+            raise ValueError("give check_batch and check_peak together")
+        if check_batch is not None:
+            check_batch = positive_int(check_batch, "check_batch")
+            check_peak = _bytes(check_peak, "check_peak")
+        a, b = affine_fit(batches, peaks)
+        return cls(title=title, batch_sizes=batches, peaks=peaks, intercept_bytes=a,
+                   per_sample_bytes=b, check_batch=check_batch, check_peak=check_peak,
+                   **kwargs)
+
+    # -- the line ----------------------------------------------------------------------
+    def predict(self, batch) -> int:
+        """Bytes a training step needs at ``batch`` by the line (rounded to a byte)."""
+        batch = positive_int(batch, "batch")
+        return round(self.intercept_bytes + self.per_sample_bytes * batch)
+
+    def largest_batch(self, capacity, *, margin=0.0) -> int:
+        """The largest batch whose predicted need fits ``capacity * (1 - margin)``.
+
+        Args:
+            capacity: bytes, ``"48GB"``, ``"44 GiB"`` or a known card (``"L40S"``).
+            margin: the fraction of the capacity to keep free (0 <= margin < 1), e.g. 0.1
+                for the extrapolation's error and what the line does not see.
+
+        Returns:
+            The batch size (0 when not even the fixed part fits).
+        """
+        _, cap = resolve_capacity(capacity)
+        margin = real_number(margin, "margin", 0.0, 1.0)
+        if margin >= 1.0:
+            raise ValueError(f"margin must be less than 1, got {shown(margin)}")
+        budget = cap * (1.0 - margin)
+        if self.per_sample_bytes <= 0:
+            raise ValueError("the line does not grow with the batch (per-sample bytes "
+                             f"{self.per_sample_bytes:.0f}): measure over larger batches")
+        room = budget - self.intercept_bytes
+        if room < self.per_sample_bytes:
+            return 0
+        batch = math.floor(room / self.per_sample_bytes)
+        while batch > 0 and self.intercept_bytes + self.per_sample_bytes * batch > budget:
+            batch -= 1  # float rounding at the boundary
+        return batch
+
+    @property
+    def fitted(self) -> list[float]:
+        return [self.intercept_bytes + self.per_sample_bytes * b for b in self.batch_sizes]
+
+    @property
+    def residuals(self) -> list[float]:
+        return [p - f for p, f in zip(self.peaks, self.fitted, strict=True)]
+
+    @property
+    def residual_fractions(self) -> list[float]:
+        return [r / p if p else 0.0 for r, p in zip(self.residuals, self.peaks, strict=True)]
+
+    @property
+    def neighbour_slopes(self) -> list[float]:
+        pts = sorted(zip(self.batch_sizes, self.peaks, strict=True))
+        return [(p2 - p1) / (b2 - b1) for (b1, p1), (b2, p2) in zip(pts, pts[1:], strict=False)
+                if b2 != b1]
+
+    @property
+    def slope_spread(self) -> float:
+        slopes = self.neighbour_slopes
+        if not slopes or self.per_sample_bytes == 0:
+            return 0.0
+        return (max(slopes) - min(slopes)) / abs(self.per_sample_bytes)
+
+    @property
+    def check_prediction(self) -> int | None:
+        return None if self.check_batch is None else self.predict(self.check_batch)
+
+    @property
+    def check_error(self) -> float | None:
+        if self.check_batch is None or not self.check_peak:
+            return None
+        return (self.check_prediction - self.check_peak) / self.check_peak
+
+    # -- showing -----------------------------------------------------------------------
+    def _head(self) -> list[str]:
+        lines = [f"Memory of a training step of {self.title} (TensorFlow's allocator, "
+                 f"policy {self.policy}, jit_compile=False)",
+                 f"line: ~{self.intercept_bytes / 2**20:.1f} MiB + "
+                 f"~{self.per_sample_bytes / 2**20:.3f} MiB per sample (fit over batches "
+                 f"{', '.join(str(b) for b in self.batch_sizes)})"]
+        slopes = self.neighbour_slopes
+        if len(slopes) > 1:
+            lines.append("per sample between neighbours: "
+                         + ", ".join(f"~{s / 2**20:.3f}" for s in slopes)
+                         + f" MiB (spread {_pct(self.slope_spread)[:-1].rstrip()}"
+                         " % of the slope)")
+        return lines
+
+    def _rows(self) -> list[list[str]]:
+        rows = [[str(b), "fit", fmt_mib(f), f"~{p / 2**20:.1f} MiB ({_pct(r)})"]
+                for b, p, f, r in zip(self.batch_sizes, self.peaks, self.fitted,
+                                      self.residual_fractions, strict=True)]
+        if self.check_batch is not None:
+            rows.append([str(self.check_batch), "held out", fmt_mib(self.check_prediction),
+                         f"~{self.check_peak / 2**20:.1f} MiB ({_pct(-self.check_error)})"])
+        return rows
+
+    def table(self) -> Table:
+        return Table(["batch", "point", "line", "measured (residual)"], self._rows())
+
+    def text(self) -> str:
+        lines = self._head()
+        for b, kind, line, measured in self._rows():
+            lines.append(f"batch {b:>5} ({kind}): line ~{line}, measured {measured}")
+        if self.check_error is not None:
+            lines.append(f"held-out error at batch {self.check_batch}: "
+                         f"{_pct(self.check_error)} (line vs measured)")
+        return "\n".join(lines + self.notes)
+
+    def _html(self) -> str:
+        head = "<br>".join(html.escape(x) for x in self._head())
+        foot = "<br>".join(html.escape(x) for x in self.text().splitlines()[
+            len(self._head()) + len(self._rows()):])
+        return f"<div><p>{head}</p>{self.table()._repr_html_()}<p>{foot}</p></div>"
+
+    def to_dict(self) -> dict:
+        return {"title": self.title, "batch_sizes": list(self.batch_sizes),
+                "peaks": list(self.peaks), "intercept_bytes": self.intercept_bytes,
+                "per_sample_bytes": self.per_sample_bytes, "residuals": self.residuals,
+                "residual_fractions": self.residual_fractions,
+                "neighbour_slopes": self.neighbour_slopes, "slope_spread": self.slope_spread,
+                "check_batch": self.check_batch, "check_peak": self.check_peak,
+                "check_prediction": self.check_prediction, "check_error": self.check_error,
+                "seconds": list(self.seconds), "n_parameters": self.n_parameters,
+                "steps": self.steps, "policy": self.policy}
+
+
+def _bytes(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must hold byte counts (numbers), got "
+                        f"{type(value).__name__}: {shown(value)}")
+    value = real_number(value, name, 0)
+    return int(round(value))
+
+
+def _batches(values, name: str) -> list[int]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a list of batch sizes, got "
+                        f"{type(values).__name__}: {shown(values)}")
+    batches = [positive_int(v, name) for v in values]
+    if len(set(batches)) < 2:
+        raise ValueError(f"{name} must hold at least two different batch sizes, got "
+                         f"{shown(values)}")
+    return batches
+
+
+def _largest_activation(model, batch: int) -> tuple[tuple, str]:
+    """The shape and dtype of the largest layer output of ``model`` at ``batch``."""
+    from .keras import _layer_activations
+
+    try:
+        layers = _layer_activations(model, batch)
+    except ValueError:
+        layers = []
+    if not layers:
+        return (batch,), "float32"
+    big = max(layers, key=lambda a: a.n_bytes)
+    return big.shape, big.dtype
+
+
+def _default_batch(model, batch: int):
+    """Random inputs for every model input and integer labels for its classes."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    shapes = model.input_shape if isinstance(model.input_shape, list) else [model.input_shape]
+    xs = []
+    for shape in shapes:
+        if any(d is None for d in shape[1:]):
+            raise ValueError(f"the model's input shape {shape} is not fixed: give "
+                             "make_batch=lambda batch: (x, y)")
+        xs.append(rng.standard_normal((batch, *shape[1:]), dtype=np.float32))
+    n_out = model.output_shape[-1] if isinstance(model.output_shape, tuple) else None
+    if not n_out or n_out < 2:
+        raise ValueError("the default labels are class numbers for a model with one output "
+                         "of at least two classes: give make_batch=lambda batch: (x, y)")
+    y = rng.integers(0, n_out, size=(batch,), dtype=np.int32)
+    return (xs[0] if len(xs) == 1 else xs), y
+
+
+def _measure(build_model, batch: int, steps: int, make_batch, tf, keras):
+    """One batch size, on a fresh model: the median of the steps' peaks above the memory
+    in use before the model was built, the model, and the seconds it took."""
+    keras.backend.clear_session()
+    gc.collect()
+    experimental = tf.config.experimental
+    experimental.reset_memory_stats(DEVICE)
+    base = experimental.get_memory_info(DEVICE)["current"]
+    start = time.perf_counter()
+    model = build_model()
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"build_model must return a keras.Model, got {type(model).__name__}")
+    if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
+        raise ValueError("build_model must return a compiled model: call "
+                         "model.compile(optimizer=..., loss=...) in it")
+    model.jit_compile = False
+    x, y = _default_batch(model, batch) if make_batch is None else make_batch(batch)
+    x = tf.nest.map_structure(tf.convert_to_tensor, x)
+    y = tf.convert_to_tensor(y)
+    peaks = []
+    for _ in range(steps):
+        experimental.reset_memory_stats(DEVICE)
+        model.train_on_batch(x, y)
+        peaks.append(experimental.get_memory_info(DEVICE)["peak"] - base)
+    seconds = time.perf_counter() - start
+    info = (int(model.count_params()), _input_shape(model),
+            model.dtype_policy.name, model.name)
+    del model, x, y
+    keras.backend.clear_session()
+    gc.collect()
+    return peaks, seconds, info
+
+
+def _input_shape(model):
+    shape = model.input_shape
+    if isinstance(shape, tuple) and all(d is None or isinstance(d, int) for d in shape):
+        return tuple(shape[1:])
+    return None
+
+
+def measure_keras_memory(build_model: Callable, batch_sizes, *, check_batch=None,
+                         steps: int = 5, make_batch: Callable | None = None,
+                         title: str | None = None) -> KerasMemoryFit:
+    """Measure a Keras training step's peak memory at several batch sizes and fit a line.
+
+    Every batch size gets a fresh model from ``build_model`` (after
+    ``keras.backend.clear_session()`` and a garbage collection), so every point measures the
+    same program, and its own ``steps`` training steps (``train_on_batch`` on one synthetic
+    batch). A point's peak is the median of its steps' peaks of TensorFlow's BFC allocator
+    (``tf.config.experimental.get_memory_info("CPU:0")["peak"]`` after
+    ``reset_memory_stats``), less the memory in use before the model was built: weights,
+    gradients, optimizer slots, the batch and the activations, as a GPU would hold them.
+
+    The model is compiled by you, and run with ``jit_compile=False`` here: Keras'
+    ``"auto"`` turns XLA off on machines without a GPU and on on GPUs, so a line measured
+    on a CPU with "auto" would describe another program than the one a GPU runs; XLA fuses
+    and reorders operations and changes the peak.
+
+    Choosing batches: a step's peak is the largest of several moments (the backward pass,
+    the optimizer update, ...), each growing at its own rate; at small batches a moment
+    dominated by the weights can be the largest, so the line bends there. Fit over batches
+    where the activations dominate (the ``slope_spread`` is small) and check on a larger
+    one. The peak also moves between runs: TensorFlow's CPU threads order the operations
+    differently, and the BFC allocator hands out whole free chunks (up to twice a request)
+    depending on what it freed before. Measured on 2 cores for the 32-px ResNet of the tests
+    (``tests/unit/tf/test_keras_memory_fit.py``): the steps of one point mostly agree within a
+    few percent (the median of ``steps`` steps is kept), but the same batch
+    measured in another run differs by up to about 5 % (batch 384: 480.8, 490.2, 497.1 MiB),
+    so a held-out check came out at +1.1 %, -8.4 % and +6.7 % in three runs: read the line as
+    an estimate to about 10 %, and keep a margin (``largest_batch(..., margin=0.1)``).
+
+    In this process, not a fresh one: a notebook's ``build_model`` cannot be sent to a new
+    Python process, and the step's peak is read above the memory already in use, so what a
+    notebook holds does not enter it. Measured both ways for that ResNet: a fresh process per
+    batch and this process agreed within the run-to-run spread at batches of 64 and more
+    (batch 64: 128.7 and 130.8 MB in fresh processes, 129.5 MB here); at batch 8 a second
+    measurement in the same process read 14 % higher than the first: use larger batches.
+
+    Args:
+        build_model: a function without arguments returning a new *compiled* Keras model
+            with fixed input shapes (its optimizer must be new too: build it inside).
+        batch_sizes: at least two different batch sizes to fit the line to.
+        check_batch: a larger batch size, measured too but not fitted: the line's
+            ``check_error`` there shows how far it extrapolates. None: no check.
+        steps: training steps per batch size (the first traces the step and creates the
+            optimizer's slots; the median of all is kept).
+        make_batch: ``make_batch(batch) -> (x, y)``; default: normal random inputs of the
+            model's input shape and integer class labels (``sparse_categorical_crossentropy``).
+        title: a name for the report (default: the model's name).
+
+    Returns:
+        A :class:`KerasMemoryFit` (``predict``, ``largest_batch``, ``residuals``,
+        ``slope_spread``, ``check_error``; shows itself as a table).
+    """
+    tf = _tensorflow()
+    import keras
+
+    if not callable(build_model) or isinstance(build_model, keras.Model):
+        raise TypeError("build_model must be a function that returns a new compiled Keras "
+                        f"model, got {type(build_model).__name__}")
+    batches = _batches(batch_sizes, "batch_sizes")
+    if check_batch is not None:
+        check_batch = positive_int(check_batch, "check_batch")
+        if check_batch in batches:
+            raise ValueError(f"check_batch must not be one of batch_sizes (it is held out), "
+                             f"got {check_batch}")
+    steps = positive_int(steps, "steps", maximum=1000)
+    if make_batch is not None and not callable(make_batch):
+        raise TypeError(f"make_batch must be a function batch -> (x, y), got "
+                        f"{type(make_batch).__name__}")
+    if title is not None and not isinstance(title, str):
+        raise TypeError(f"title must be a string, got {type(title).__name__}")
+    from ..memory.sources import TensorFlowSource
+
+    if not TensorFlowSource(tf.config.experimental, DEVICE).available:
+        raise RuntimeError("TensorFlow's CPU allocator keeps no statistics here: call "
+                           "helpers.setup() before importing TensorFlow (it sets "
+                           "TF_CPU_ALLOCATOR_USE_BFC=true)")
+    peaks, step_peaks, seconds, info = [], [], [], None
+    for batch in [*batches, *([check_batch] if check_batch is not None else [])]:
+        measured, took, info = _measure(build_model, batch, steps, make_batch, tf, keras)
+        step_peaks.append(measured)
+        peaks.append(sorted(measured)[len(measured) // 2])
+        seconds.append(took)
+    n_params, input_shape, policy, name = info
+    check_peak = peaks.pop() if check_batch is not None else None
+    return KerasMemoryFit.from_points(
+        batches, peaks, check_batch=check_batch, check_peak=check_peak,
+        title=title or name, n_parameters=n_params, input_shape=input_shape, policy=policy,
+        steps=steps, seconds=seconds, step_peaks=step_peaks)
+
+
+def _tensorflow():
+    from .policies import tensorflow
+
+    return tensorflow()
