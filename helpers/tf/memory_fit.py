@@ -298,9 +298,11 @@ def _measure(build_model, batch: int, steps: int, make_batch, tf, keras):
     in use before the model was built, the model, and the seconds it took."""
     keras.backend.clear_session()
     gc.collect()
-    experimental = tf.config.experimental
-    experimental.reset_memory_stats(DEVICE)
-    base = experimental.get_memory_info(DEVICE)["current"]
+    from ..memory.sources import TensorFlowSource
+
+    source = TensorFlowSource(tf.config.experimental, DEVICE)
+    source.reset()
+    base = source.read()
     start = time.perf_counter()
     model = build_model()
     if not isinstance(model, keras.Model):
@@ -314,9 +316,9 @@ def _measure(build_model, batch: int, steps: int, make_batch, tf, keras):
     y = tf.convert_to_tensor(y)
     peaks = []
     for _ in range(steps):
-        experimental.reset_memory_stats(DEVICE)
+        source.reset()
         model.train_on_batch(x, y)
-        peaks.append(experimental.get_memory_info(DEVICE)["peak"] - base)
+        peaks.append(source.peak() - base)
     seconds = time.perf_counter() - start
     info = (int(model.count_params()), _input_shape(model),
             model.dtype_policy.name, model.name)
