@@ -13,6 +13,8 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, expect
 
+from helpers.authoring import build
+
 from .test_widgets_browser import notebook
 
 pytestmark = pytest.mark.browser
@@ -49,14 +51,16 @@ def test_lesson_08_learner_copy_locks_collapses_and_hides_predictions(page: Page
     assert setup["first"].startswith("import "), setup
     assert setup["readOnly"] and setup["deletable"] is False
 
+    n_exercises = len(build.exercises_in(build.SOLUTIONS / "08_oom_challenge.ipynb"))
+    assert n_exercises >= 4  # two core challenges and two in Going further
     checks = [i for i, c in enumerate(cells) if c["first"].startswith("# Check: ")]
-    assert len(checks) == 3, [c["first"] for c in cells]
+    assert len(checks) == n_exercises, [c["first"] for c in cells]
     for i in checks:
         c = cells[i]
         assert c["readOnly"] and c["deletable"] is False and c["inputHidden"], c
 
     exercises = [c for c in cells if c["exercise"]]
-    assert len(exercises) == 3
+    assert len(exercises) == n_exercises
     assert not any(c["readOnly"] or c["inputHidden"] for c in exercises), exercises
 
     predict = [c for c in cells if "predict" in c["tags"]]
@@ -68,5 +72,10 @@ def test_lesson_08_learner_copy_locks_collapses_and_hides_predictions(page: Page
     page.evaluate(SCROLL_TO, checks[0] - 1)
     page.wait_for_timeout(300)  # let the scroll settle before the picture
     page.screenshot(path=lab.artifacts / "lab-08-learner-copy-challenge.png")
+    # the Going-further challenge whose fix is an edit of the script's own loop
+    own_loop = next(i for i, c in enumerate(cells) if c["first"].startswith("# Write fixed_loop"))
+    page.evaluate(SCROLL_TO, own_loop)
+    page.wait_for_timeout(300)
+    page.screenshot(path=lab.artifacts / "lab-08-learner-copy-fix-the-loop.png")
     # nothing ran: shut the kernel JupyterLab started, so it does not load the later tests
     page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
