@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -130,36 +131,16 @@ def test_measure_keras_memory_checks_its_arguments():
                                          **args)
 
 
-# The named model of the 3 % check: a 32-px ResNet-like CNN (6 residual blocks, widths
-# 16/32/64, Adam, 0.18 M parameters), fitted over batches 64-256, checked at 384.
+# The named model of the held-out check: benchmarks/keras_memory.py's small_resnet, a 32-px
+# ResNet-like CNN (6 residual blocks, widths 16/32/64, Adam, 0.18 M parameters), fitted over
+# batches 64-256, checked at 384.
 MODEL_SCRIPT = textwrap.dedent("""
     import json
+    import sys
     import helpers
     helpers.setup(seed=0, tensorflow=True)
-    import keras
-
-    def small_resnet(px=32, width=16, classes=10):
-        L = keras.layers
-        inp = keras.Input((px, px, 3))
-        h = L.ReLU()(L.BatchNormalization()(L.Conv2D(width, 3, padding="same",
-                                                     use_bias=False)(inp)))
-        for stage, f in enumerate([width, 2 * width, 4 * width]):
-            for block in range(2):
-                stride = 2 if stage and not block else 1
-                y = L.Conv2D(f, 3, strides=stride, padding="same", use_bias=False)(h)
-                y = L.Conv2D(f, 3, padding="same", use_bias=False)(
-                    L.ReLU()(L.BatchNormalization()(y)))
-                y = L.BatchNormalization()(y)
-                short = h
-                if stride != 1 or h.shape[-1] != f:
-                    short = L.BatchNormalization()(L.Conv2D(f, 1, strides=stride,
-                                                            use_bias=False)(h))
-                h = L.ReLU()(L.Add()([y, short]))
-        out = L.Dense(classes)(L.GlobalAveragePooling2D()(h))
-        model = keras.Model(inp, out, name="small_resnet32")
-        model.compile(optimizer=keras.optimizers.Adam(),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return model
+    sys.path.insert(0, BENCHMARKS)
+    from keras_memory import small_resnet
 
     fit = helpers.measure_keras_memory(small_resnet, BATCHES, check_batch=CHECK)
     print(json.dumps({"fit": fit.to_dict(), "text": fit.text()}))
@@ -169,7 +150,8 @@ MODEL_SCRIPT = textwrap.dedent("""
 def run_model_script(batches, check):
     if importlib.util.find_spec("tensorflow") is None:
         pytest.skip("TensorFlow is not installed")
-    code = MODEL_SCRIPT.replace("BATCHES", repr(batches)).replace("CHECK", repr(check))
+    code = (MODEL_SCRIPT.replace("BATCHES", repr(batches)).replace("CHECK", repr(check))
+            .replace("BENCHMARKS", repr(str(Path(__file__).resolve().parents[3] / "benchmarks"))))
     env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, timeout=600)

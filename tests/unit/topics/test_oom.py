@@ -205,6 +205,9 @@ def scaler_loop(mistake=None):
 
 
 def test_the_small_scale_run_enables_every_grad_scaler():
+    # seeded: one CI run (xdist worker gw0, after other tests) saw every one of the 96
+    # small-scale steps skipped for non-finite gradients; not reproduced since
+    torch.manual_seed(0)
     result = check(scaler_loop(), batch_size=8)
     assert result.passed and result.small_error is None
     assert "GradScaler enabled" in result.small_scale
