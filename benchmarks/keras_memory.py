@@ -1,6 +1,7 @@
 """How well a Keras step's memory line extrapolates, and what each measurement costs.
 
     python benchmarks/keras_memory.py [--batches 64,128,192,256] [--check 384] [--steps 5]
+                                      [--isolate]
 
 Builds a small ResNet-like CNN (32 px, widths 16/32/64, Adam), runs
 helpers.measure_keras_memory and prints the line, each point's residual, the per-sample
@@ -47,12 +48,14 @@ def main() -> None:
     parser.add_argument("--batches", default="64,128,192,256")
     parser.add_argument("--check", type=int, default=384)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--isolate", action="store_true",
+                        help="one fresh process per batch size, one inter-op thread")
     args = parser.parse_args()
     helpers.setup(seed=0, tensorflow=True)
     batches = [int(b) for b in args.batches.split(",")]
     start = time.perf_counter()
     fit = helpers.measure_keras_memory(small_resnet, batches, check_batch=args.check,
-                                       steps=args.steps)
+                                       steps=args.steps, isolate=args.isolate)
     total = time.perf_counter() - start
     print(fit.text())
     print("residuals: " + ", ".join(f"batch {b}: {r / 2**20:+.2f} MiB ({f * 100:+.2f} %)"

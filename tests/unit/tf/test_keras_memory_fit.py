@@ -123,6 +123,9 @@ def test_measure_keras_memory_checks_its_arguments():
         ({"steps": 1.5}, TypeError, "steps"),
         ({"make_batch": "x"}, TypeError, "make_batch"),
         ({"title": 3}, TypeError, "title"),
+        ({"isolate": 1}, TypeError, "isolate"),
+        ({"timeout": 0}, ValueError, "timeout"),
+        ({"isolate": True, "make_batch": lambda b: (None, None)}, ValueError, "make_batch"),
     ]
     for kwargs, error, words in cases:
         args = {"build_model": build, "batch_sizes": [16, 32], **kwargs}
@@ -172,3 +175,31 @@ def test_line_predicts_a_held_out_full_run_within_its_measured_spread():
     assert fit["n_parameters"] > 100_000 and fit["steps"] == 5
     assert abs(fit["check_error"]) <= 0.15, out["text"]
     assert max(abs(r) for r in fit["residual_fractions"]) <= 0.10, out["text"]
+
+
+def tiny_cnn():
+    import keras
+
+    inp = keras.Input((16, 16, 3))
+    h = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inp)
+    out = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h))
+    model = keras.Model(inp, out, name="tiny_cnn")
+    model.compile(optimizer="adam",
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+@pytest.mark.slow
+def test_isolated_measurements_repeat_and_keep_the_large_batches_out_of_this_process():
+    """isolate=True: one fresh process per batch size, one inter-op thread; the same batch
+    measured in two processes gives the same peak within 2 %."""
+    pytest.importorskip("tensorflow")
+    helpers.setup(seed=0, tensorflow=True)
+    first = helpers.measure_keras_memory(tiny_cnn, [64, 128], check_batch=256, steps=2,
+                                         isolate=True)
+    again = helpers.measure_keras_memory(tiny_cnn, [64, 128], steps=2, isolate=True)
+    assert first.title == "tiny_cnn" and first.per_sample_bytes > 0
+    assert len(first.step_peaks) == 3 and all(len(p) == 2 for p in first.step_peaks)
+    for a, b in zip(first.peaks, again.peaks, strict=True):
+        assert abs(a - b) <= 0.02 * a, (first.peaks, again.peaks)
+    assert first.check_peak > first.peaks[-1]
