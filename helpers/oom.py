@@ -280,10 +280,17 @@ def _run_steps(make_step, net, opt, *, batch_size: int, image_size: int, n_class
         for h in handles:
             h.remove()
     if run.updates == 0:
+        seen = ""
+        if read_losses:  # real tensors (small scale): say what a skipping GradScaler saw
+            grads = [p.grad for p in net.parameters() if p.grad is not None]
+            bad = sum(1 for g in grads if not bool(torch.isfinite(g).all()))
+            last = ", ".join(f"{v:.4g}" for v in run.losses[-3:]) or "none"
+            seen = (f" (last losses: {last}; parameters with non-finite gradients: {bad} of "
+                    f"{len(grads)}: a GradScaler skips every such step)")
         raise ValueError(
             f"the optimizer never stepped in {run.calls} calls of step(data, labels): call "
             "optimizer.step() (or scaler.step(optimizer)) in the step, at least every "
-            f"{max_calls // max(min_updates, 1)} calls"
+            f"{max_calls // max(min_updates, 1)} calls{seen}"
         )
     return run
 

@@ -219,6 +219,24 @@ def test_the_small_scale_run_enables_every_grad_scaler():
     assert not torch.GradScaler("cpu", enabled=False).is_enabled()
 
 
+def test_a_grad_scaler_that_skips_every_step_says_why():
+    def nan_loss(model, optimizer):
+        scaler = torch.GradScaler("cpu", enabled=False)  # the small scale enables it
+
+        def step(data, labels):
+            loss = nn.functional.cross_entropy(model(data), labels) * float("nan")
+            optimizer.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)  # skipped: the gradients are NaN
+            scaler.update()
+            return loss
+        return step
+
+    with pytest.raises(ValueError, match=r"last losses: nan, nan, nan; parameters with "
+                                         r"non-finite gradients: (\d+) of \1:"):
+        check(nan_loss, batch_size=8)
+
+
 @pytest.mark.parametrize("mistake, says", [
     ("no update", "step() has already been called since the last update()"),
     ("optimizer.step", "call scaler.step(optimizer)"),
