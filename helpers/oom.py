@@ -240,16 +240,16 @@ def _run_steps(make_step, net, opt, *, batch_size: int, image_size: int, n_class
         if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
             run.micro_batch = max(run.micro_batch, int(args[0].shape[0]))
 
+    def count_model_forward(module, args):
+        run.model_called = True
+        count_forward(module, args)
+
     def count_child_forward(module, args):  # a loop that calls model.stem(...) directly
         if not run.model_called:
             count_forward(module, args)
 
-    def model_called(_module, _args):
-        run.model_called = True
-
     handles = [opt.register_step_post_hook(count_update),
-               net.register_forward_pre_hook(model_called),
-               net.register_forward_pre_hook(count_forward)]
+               net.register_forward_pre_hook(count_model_forward)]
     handles += [child.register_forward_pre_hook(count_child_forward)
                 for child in net.children()]
     try:

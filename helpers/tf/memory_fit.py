@@ -319,11 +319,7 @@ def _measure(build_model, batch: int, steps: int, make_batch, tf, keras):
     x, y = _default_batch(model, batch) if make_batch is None else make_batch(batch)
     x = tf.nest.map_structure(tf.convert_to_tensor, x)
     y = tf.convert_to_tensor(y)
-    peaks = []
-    for _ in range(steps):
-        source.reset()
-        model.train_on_batch(x, y)
-        peaks.append(source.peak() - base)
+    peaks = _step_peaks(model, x, y, steps, source, base)
     seconds = time.perf_counter() - start
     info = (int(model.count_params()), _input_shape(model),
             model.dtype_policy.name, model.name)
@@ -331,6 +327,16 @@ def _measure(build_model, batch: int, steps: int, make_batch, tf, keras):
     keras.backend.clear_session()
     gc.collect()
     return peaks, seconds, info
+
+
+def _step_peaks(model, x, y, steps: int, source, base: int) -> list[int]:
+    """``steps`` training steps on ``(x, y)``; each one's allocator peak above ``base``."""
+    peaks = []
+    for _ in range(steps):
+        source.reset()
+        model.train_on_batch(x, y)
+        peaks.append(source.peak() - base)
+    return peaks
 
 
 def _child_measure(model_path: str, batch: int, steps: int) -> dict:
@@ -352,12 +358,7 @@ def _child_measure(model_path: str, batch: int, steps: int) -> dict:
     x = tf.nest.map_structure(tf.convert_to_tensor, x)
     y = tf.convert_to_tensor(y)
     source.reset()
-    base = source.read()
-    peaks = []
-    for _ in range(steps):
-        source.reset()
-        model.train_on_batch(x, y)
-        peaks.append(source.peak() - base)
+    peaks = _step_peaks(model, x, y, steps, source, base=source.read())
     return {"peaks": peaks, "seconds": time.perf_counter() - start}
 
 
