@@ -105,10 +105,12 @@ class Trial:
     why: str
     steps: int = 0
     error: str | None = None
+    planned: bool = False  # not run: its memory is a Keras virtual card's line (see notes)
 
     @property
     def outcome(self) -> str:
-        return "out of memory" if self.oom else "fits" if self.fits else "over budget"
+        outcome = "out of memory" if self.oom else "fits" if self.fits else "over budget"
+        return f"{outcome} (planned)" if self.planned else outcome
 
 
 @dataclass(repr=False)
@@ -249,7 +251,13 @@ def _device_for(framework: str | None, model, capacity: int | None):
     if framework == "tensorflow" or (framework is None and "torch" not in sys.modules
                                      and "tensorflow" in sys.modules):
         from .tf.finder import keras_memory
+        from .tf.virtual_card import current_keras_virtual_gpu
 
+        card = current_keras_virtual_gpu() if framework == "tensorflow" else None
+        if card is not None:  # its line gives each trial's memory (see _Search.run_trial)
+            source = keras_memory()[0]
+            return source, f"KerasVirtualGPU {card.name}", card.capacity_bytes, \
+                card.context_bytes, card
         source, capacity, other = keras_memory(capacity)
         return source, source.name, capacity, other, None
     import torch
@@ -347,6 +355,9 @@ class _Search:
         self.step, self.restore = step, restore
         self.source, self.name, self.capacity, self.other, gpu = where
         self.fake = bool(gpu is not None and gpu.fake)
+        # a Keras virtual card: memory by its line; steps above its measured range not run
+        self.card = gpu if hasattr(gpu, "plan") else None
+        self.model = None  # the Keras model the card checks (set by find_batch_size)
         self.virtual = gpu is not None  # its step times are bookkeeping, not throughput
         self.start, self.maximum, self.margin, self.tolerance = start, maximum, margin, tolerance
         self.steps, self.m, self.max_trials = steps_per_trial, multiple_of, max_trials
@@ -446,6 +457,8 @@ class _Search:
         return bisection
 
     def run_trial(self, b: int, why: str) -> Trial:
+        if self.card is not None:
+            return self.card_trial(b, why)
         source, times, started, error = self.source, [], 0, None
         source.reset()
         t_start = time.perf_counter()
@@ -474,6 +487,34 @@ class _Search:
                                                            or peak <= self.budget),
                       oom=error is not None, peak_bytes=peak, reserved_bytes=reserved,
                       samples_per_s=rate, seconds=seconds, why=why, steps=started, error=error)
+        self.trials.append(trial)
+        return trial
+
+    def card_trial(self, b: int, why: str) -> Trial:
+        """A trial on a Keras virtual card: the memory is the card's line (context
+        included). Up to the largest batch the line was measured at, the step runs for real
+        (the card checks it and raises its error where it does not fit); larger batches,
+        too big for the CPU, are planned from the line and not run."""
+        card, t_start, started, error = self.card, time.perf_counter(), 0, None
+        planned = b > card.run_limit
+        if planned:
+            error = card.plan(self.model, b)
+        else:
+            try:
+                for started in range(1, self.steps + 1):  # noqa: B007 - counted when one fails
+                    self.step(b)
+            except BaseException as exc:
+                if not is_oom_error(exc):
+                    raise
+                error = _first_line(exc)
+                traceback.clear_frames(exc.__traceback__)
+            self.restore()
+            self.release(error is not None)
+        peak = None if error is not None else card.need_bytes(b)
+        trial = Trial(batch_size=b, fits=error is None and peak <= self.budget, oom=error
+                      is not None, peak_bytes=peak, reserved_bytes=peak, samples_per_s=None,
+                      seconds=time.perf_counter() - t_start, why=why, steps=started,
+                      error=error, planned=planned)
         self.trials.append(trial)
         return trial
 
@@ -650,6 +691,11 @@ def find_batch_size(step, *, model=None, optimizer=None, start: int = 32,
         warm_up_cuda(gpu.device_type)  # the virtual GPU's too (VirtualGPU(workspaces=True))
     release_after_error(None, source.empty_cache)
     search = _Search(step, (source, name, capacity, other, gpu), restore, **settings)
+    if search.card is not None:
+        if model is None:
+            raise TypeError("inside a helpers.KerasVirtualGPU, give model=... (the Keras model "
+                            "the step trains): the card checks it against its memory line")
+        search.model = model
     try:
         stopped = search.run()
     except BaseException as exc:
@@ -703,7 +749,16 @@ def _result(search: _Search, stopped: str) -> BatchSizeResult:
     if not search.source.available and search.capacity is not None:
         notes.append(f"nothing measures memory on {search.name}: only out-of-memory errors "
                      "decided, not the capacity")
-    if search.fake:
+    if search.card is not None:
+        planned = [t.batch_size for t in search.trials if t.planned]
+        notes.append(
+            f"KerasVirtualGPU: each trial's memory is the card's measured line "
+            f"({search.card.memory.title}) plus {fmt_bytes(search.other)} outside TensorFlow; "
+            f"trials up to batch {search.card.run_limit} (the line's measured range) ran on "
+            "the CPU, " + (f"{len(planned)} larger ones were planned from the line, not run "
+                           "(too big for a CPU)" if planned else "none was planned")
+            + "; no samples/s")
+    elif search.fake:
         notes.append("fake tensors: memory is exact, nothing was computed (no samples/s)")
     elif search.virtual:
         notes.append("virtual GPU: no samples/s; a trial's time here is mostly the virtual "

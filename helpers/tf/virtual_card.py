@@ -136,6 +136,34 @@ class KerasVirtualGPU(ShownAsTable):
     def largest_batch(self) -> int:
         return self.memory.largest_batch(self.limit_bytes)
 
+    # -- for helpers.find_batch_size -----------------------------------------------------
+    #: nothing is faked (steps that run, run for real) and there are no CUDA workspaces
+    fake = False
+    workspaces = None
+
+    @property
+    def run_limit(self) -> int:
+        """The largest batch the memory line was measured at: :func:`helpers.find_batch_size`
+        runs trials up to it for real and plans larger ones from the line."""
+        measured = list(self.memory.batch_sizes)
+        if self.memory.check_batch is not None:
+            measured.append(self.memory.check_batch)
+        return max(measured)
+
+    def need_bytes(self, batch) -> int:
+        """What a training step at ``batch`` holds on the card by the line, the context
+        included (``nvidia-smi``'s view)."""
+        return self.memory.predict(batch) + self.context_bytes
+
+    def plan(self, model, batch) -> str | None:
+        """Check a training step of ``model`` at ``batch`` without running it: None if it
+        fits, else the first line of the ``ResourceExhaustedError`` the card would raise
+        (recorded in ``checked``, not counted in ``n_oom``)."""
+        self._verify(model)
+        record = self._oom(model, whole_number(batch, "batch", 1))
+        return None if record is None else \
+            f"ResourceExhaustedError: {record.message.splitlines()[0]}"
+
     # -- showing -----------------------------------------------------------------------
     def text(self) -> str:
         lines = [f"Keras virtual GPU {self.name}: {fmt_bytes(self.capacity_bytes)}"

@@ -193,3 +193,69 @@ def test_keras_virtual_gpu_checks_its_arguments(args, kwargs, error, words):
     args = tuple(memory if a == "M" else a for a in args)
     with pytest.raises(error, match=words):
         helpers.KerasVirtualGPU(*args, **kwargs)
+
+
+# ------------------------------------------------------------- helpers.find_batch_size on it
+def counting_step(model, calls):
+    x, y = data(64)
+
+    def step(batch):
+        calls.append(batch)
+        model.train_on_batch(x[:batch], y[:batch])
+    return step
+
+
+def test_the_finder_runs_the_measured_range_and_plans_larger_batches_from_the_line():
+    model, calls = tiny(), []
+    fit = memory_of(model)                     # measured at 16 and 32: run up to 32
+    before = [w.copy() for w in model.get_weights()]
+    with helpers.KerasVirtualGPU("L40S", fit, context_bytes="500 MiB") as gpu:
+        assert gpu.run_limit == 32
+        found = helpers.find_batch_size(counting_step(model, calls), model=model,
+                                        optimizer=model.optimizer, start=16)
+    budget = int(L40S * 0.95)
+    best = max(b for b in range(8, 1000, 8) if fit.predict(b) + 500 * MiB <= budget)
+    assert found.batch_size == best == 416
+    assert found.device == "KerasVirtualGPU L40S" and found.virtual
+    ran = {t.batch_size for t in found.trials if not t.planned}
+    assert ran and max(ran) <= 32 and set(calls) == ran       # only the measured range ran
+    assert len(calls) == 2 * len(ran)                          # steps_per_trial=2
+    for t in found.trials:
+        if t.fits:
+            assert t.peak_bytes == fit.predict(t.batch_size) + 500 * MiB
+        assert t.samples_per_s is None
+    over = [t for t in found.trials if not t.fits]
+    assert over and all(t.planned and t.oom or t.peak_bytes > budget for t in over)
+    text = found.text()
+    assert "(planned)" in text and "planned from the line, not run" in text
+    assert "trials up to batch 32 (the line's measured range) ran on the CPU" in text
+    # the weights are put back after every trial; planned errors are not counted as raised
+    assert all((a == b).all() for a, b in zip(before, model.get_weights(), strict=True))
+    planned = {t.batch_size for t in found.trials if t.planned}
+    assert gpu.n_oom == 0 and planned <= {b for b, _, _ in gpu.checked}
+
+
+def test_on_the_card_a_small_batch_that_does_not_fit_is_the_cards_real_error():
+    model, calls = tiny(), []
+    fit = memory_of(model, a=10 * GiB, b=2 * GiB)   # 16 GiB at batch 3: fits exactly
+    with helpers.KerasVirtualGPU("16 GiB", fit) as gpu:
+        found = helpers.find_batch_size(counting_step(model, calls), model=model, start=8,
+                                        multiple_of=1, margin=0)
+    assert found.batch_size == 3 and gpu.n_oom >= 1       # raised by the step itself
+    assert not any(t.planned for t in found.trials)
+    assert "OOM when allocating tensor" in found.trial(8).error
+
+
+def test_on_the_card_the_finder_needs_the_model():
+    model = tiny()
+    with helpers.KerasVirtualGPU("L40S", memory_of(model)), \
+            pytest.raises(TypeError, match="give model="):
+        helpers.find_batch_size(counting_step(model, []), optimizer=model.optimizer)
+
+
+def test_on_the_card_another_model_is_refused():
+    model, other = tiny(), keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+    other.compile(optimizer="sgd", loss="mse")
+    with helpers.KerasVirtualGPU("L40S", memory_of(model)), \
+            pytest.raises(ValueError, match="measure it with helpers.measure_keras_memory"):
+        helpers.find_batch_size(lambda b: None, model=other, start=64)
