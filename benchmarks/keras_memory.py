@@ -3,10 +3,11 @@
     python benchmarks/keras_memory.py [--batches 64,128,192,256] [--check 384] [--steps 5]
                                       [--isolate]
 
-Builds a small ResNet-like CNN (32 px, widths 16/32/64, Adam), runs
-helpers.measure_keras_memory and prints the line, each point's residual, the per-sample
-slopes between neighbours, the held-out error, and how long each measurement took, as a
-ratio to the first (no thresholds: the numbers depend on the machine).
+Builds helpers.keras_resnet() (the 32-px CIFAR ResNet of lesson 05's Keras section: widths
+16/32/64, Adam), runs helpers.measure_keras_memory and prints the line, each point's
+residual, the per-sample slopes between neighbours, the held-out error, and how long each
+measurement took, as a ratio to the first (no thresholds: the numbers depend on the
+machine).
 """
 
 from __future__ import annotations
@@ -15,32 +16,6 @@ import argparse
 import time
 
 import helpers
-
-
-def small_resnet(px: int = 32, width: int = 16, classes: int = 10):
-    import keras
-
-    layers = keras.layers
-    inp = keras.Input((px, px, 3))
-    h = layers.ReLU()(layers.BatchNormalization()(
-        layers.Conv2D(width, 3, padding="same", use_bias=False)(inp)))
-    for stage, f in enumerate([width, 2 * width, 4 * width]):
-        for block in range(2):
-            stride = 2 if stage and not block else 1
-            y = layers.Conv2D(f, 3, strides=stride, padding="same", use_bias=False)(h)
-            y = layers.Conv2D(f, 3, padding="same", use_bias=False)(
-                layers.ReLU()(layers.BatchNormalization()(y)))
-            y = layers.BatchNormalization()(y)
-            short = h
-            if stride != 1 or h.shape[-1] != f:
-                short = layers.BatchNormalization()(
-                    layers.Conv2D(f, 1, strides=stride, use_bias=False)(h))
-            h = layers.ReLU()(layers.Add()([y, short]))
-    out = layers.Dense(classes)(layers.GlobalAveragePooling2D()(h))
-    model = keras.Model(inp, out, name=f"small_resnet{px}")
-    model.compile(optimizer=keras.optimizers.Adam(),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
 
 
 def main() -> None:
@@ -54,7 +29,7 @@ def main() -> None:
     helpers.setup(seed=0, tensorflow=True)
     batches = [int(b) for b in args.batches.split(",")]
     start = time.perf_counter()
-    fit = helpers.measure_keras_memory(small_resnet, batches, check_batch=args.check,
+    fit = helpers.measure_keras_memory(helpers.keras_resnet, batches, check_batch=args.check,
                                        steps=args.steps, isolate=args.isolate)
     total = time.perf_counter() - start
     print(fit.text())

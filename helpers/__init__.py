@@ -98,6 +98,7 @@ _EXPORTS = {
     "KerasMemoryFit": "tf.memory_fit",
     "KerasVirtualGPU": "tf.virtual_card",
     "KerasOOM": "tf.virtual_card",
+    "keras_resnet": "tf.models",
     # mixed precision (lesson 07)
     "amp_settings": "amp",
     "AmpSettings": "amp",

@@ -104,3 +104,35 @@ def test_an_exercise_without_minutes_fails(tmp_path):
     t = pacing.estimate(path)
     assert t.core.missing_minutes == ("42-task-a", "42-task-b")
     assert any('without "minutes"' in p and "42-task-a" in p for p in t.problems())
+
+
+def with_keras(tmp_path, at_end=True, words=150):
+    """The synthetic lesson with an '## In Keras' section (words of prose, 12 code lines,
+    30 s run) in its Going further part (or in its core)."""
+    path = synthetic(tmp_path, further_words=300)
+    nb = nbformat.read(str(path), 4)
+    code = new_code_cell("k = 1\n" * 12)
+    code.metadata["run_seconds"] = 30.0
+    keras = [new_markdown_cell("## In Keras\n\n" + " ".join(["word"] * (words - 2))), code]
+    key_points = len(nb.cells) - 1
+    where = key_points if at_end else 3
+    nb.cells[where:where] = keras
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_an_in_keras_section_is_estimated_on_its_own_and_counted_as_optional(tmp_path):
+    plain = pacing.estimate(synthetic(tmp_path, further_words=300))
+    t = pacing.estimate(with_keras(tmp_path))
+    assert plain.keras is None
+    # 150 words / 150 = 1 min, 12 lines x 10 s = 2 min, 30 s = 0.5 min
+    assert t.keras.words == 150 and t.keras.code_lines == 12 and t.keras.minutes == 3.5
+    assert t.core == plain.core                                   # the core is unchanged
+    assert t.optional.minutes == pytest.approx(plain.optional.minutes + 3.5)
+    report, ok = pacing.minutes_report([with_keras(tmp_path)])
+    assert ok and "keras" in report.splitlines()[0] and "  3.5  OK" in report
+
+
+def test_an_in_keras_section_in_the_core_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="'## In Keras' must appear once, inside the"):
+        pacing.estimate(with_keras(tmp_path, at_end=False))

@@ -3,7 +3,10 @@
 A lesson's **core** is every cell except its optional part, which starts at a markdown cell
 whose first line is exactly ``## Going further`` and ends before the cell holding
 ``## Key points`` (Key points and Further reading stay core, at the end). The stated
-``**Time:** X min teaching + Y min exercises`` line is the core time. The estimate of a part:
+``**Time:** X min teaching + Y min exercises`` line is the core time. A lesson's Keras track
+(``## In Keras``, the first line of its cell, up to the next ``## `` heading) lies inside the
+optional part and is also estimated on its own (``make minutes``' *keras* column, the README
+and the instructor notes). The estimate of a part:
 
     minutes = words of its markdown / 150
             + code lines a learner reads x 10 s / 60
@@ -29,6 +32,7 @@ WORDS_PER_MINUTE = 150
 SECONDS_PER_CODE_LINE = 10
 TOLERANCE = 0.25  # |estimate - stated| may be at most this share of the stated minutes
 GOING_FURTHER = "## Going further"
+IN_KERAS = "## In Keras"
 KEY_POINTS = re.compile(r"^## Key points\s*$", re.M)
 TIME_LINE = re.compile(r"\*\*Time:\*\* (\d+) min teaching \+ (\d+) min exercises")
 _LINK_TARGET = re.compile(r"\]\([^)]*\)")
@@ -107,6 +111,7 @@ class LessonTime:
     core: Part
     optional: Part
     notes: tuple[str, ...] = field(default=())
+    keras: Part | None = None  # the "## In Keras" section (inside the optional part)
 
     @property
     def stated(self) -> int:
@@ -198,6 +203,25 @@ def sections(nb, name: str = "notebook") -> tuple[list[int], list[int]]:
     return core, optional
 
 
+def keras_section(nb, name: str = "notebook") -> list[int]:
+    """The indices of the ``## In Keras`` section's cells (empty without one): from its
+    heading cell to the next ``## `` heading. ValueError unless it lies inside the optional
+    part (the Keras track is an alternative, so it must not count in the core minutes)."""
+    cells = _cells(nb)
+    _, optional = sections(nb, name)
+    starts = [i for i, c in enumerate(cells) if c.get("cell_type") == "markdown"
+              and _source(c).splitlines()[:1] == [IN_KERAS]]
+    if not starts:
+        return []
+    if len(starts) > 1 or starts[0] not in optional:
+        raise ValueError(f"{name} cell {starts[0]}: '{IN_KERAS}' must appear once, inside the "
+                         f"'{GOING_FURTHER}' part (before '## Key points')")
+    end = next((i for i in range(starts[0] + 1, len(cells))
+                if cells[i].get("cell_type") == "markdown"
+                and _source(cells[i]).startswith("## ")), len(cells))
+    return [i for i in range(starts[0], end) if i in optional]
+
+
 def stated_minutes(nb, name: str = "notebook") -> tuple[int, int]:
     """(teaching, exercises) from the ``**Time:** X min teaching + Y min exercises`` line."""
     text = "\n".join(_source(c) for c in _cells(nb) if c.get("cell_type") == "markdown")
@@ -272,6 +296,8 @@ def estimate(path: Path, nb=None) -> LessonTime:
     notes = []
     core_part = _part(cells, core, exercises, name)
     optional_part = _part(cells, optional, exercises, name)
+    in_keras = keras_section(nb, name)
+    keras_part = _part(cells, in_keras, exercises, name) if in_keras else None
     unmeasured = core_part.unmeasured_cells + optional_part.unmeasured_cells
     total = core_part.code_cells + optional_part.code_cells
     if unmeasured == total and total:
@@ -279,7 +305,8 @@ def estimate(path: Path, nb=None) -> LessonTime:
     elif unmeasured:
         notes.append(f"run time of {unmeasured} of {total} code cells not recorded "
                      "(counted 0 s): run make outputs")
-    return LessonTime(name, teaching, exercises_stated, core_part, optional_part, tuple(notes))
+    return LessonTime(name, teaching, exercises_stated, core_part, optional_part, tuple(notes),
+                      keras_part)
 
 
 def _as_node(nb):
@@ -294,9 +321,9 @@ def _as_node(nb):
 def minutes_report(paths) -> tuple[str, bool]:
     """The ``make minutes`` table for these solutions notebooks, and whether all fit."""
     header = (f"{'lesson':28s} {'stated':>12s} {'core':>6s} {'read':>5s} {'code':>5s} "
-              f"{'run':>5s} {'exer':>5s} {'optional':>8s}  verdict")
+              f"{'run':>5s} {'exer':>5s} {'optional':>8s} {'keras':>5s}  verdict")
     rows, ok = [header, "-" * len(header)], True
-    totals = [0, 0.0, 0.0]
+    totals = [0, 0.0, 0.0, 0.0]
     notes = []
     for path in paths:
         try:
@@ -315,22 +342,24 @@ def minutes_report(paths) -> tuple[str, bool]:
         if missing:
             status += f"; {len(missing)} exercise(s) without minutes"
         optional = f"{t.optional.minutes:.1f}" if not t.optional.empty else "-"
+        keras = f"{t.keras.minutes:.1f}" if t.keras is not None else "-"
         stated = f"{t.stated_teaching}+{t.stated_exercises}={t.stated}"
         rows.append(f"{t.name:28s} {stated:>12s} {c.minutes:6.1f} {c.reading_minutes:5.1f} "
                     f"{c.code_minutes:5.1f} {c.run_minutes:5.1f} {c.exercise_minutes:5d} "
-                    f"{optional:>8s}  {status}")
+                    f"{optional:>8s} {keras:>5s}  {status}")
         totals[0] += t.stated
         totals[1] += c.minutes
         totals[2] += t.optional.minutes
+        totals[3] += t.keras.minutes if t.keras is not None else 0.0
         notes += [f"{t.name}: {note}" for note in t.notes]
         notes += [f"{t.name}: missing minutes: {', '.join(missing)}"] if missing else []
     rows.append("-" * len(header))
     rows.append(f"{'total':28s} {totals[0]:12d} {totals[1]:6.1f} {'':5s} {'':5s} {'':5s} "
-                f"{'':5s} {totals[2]:8.1f}")
+                f"{'':5s} {totals[2]:8.1f} {totals[3]:5.1f}")
     rows.append(f"minutes = words/{WORDS_PER_MINUTE} + code lines x {SECONDS_PER_CODE_LINE} s "
                 f"+ recorded run time + exercise minutes; OK within {TOLERANCE:.0%} of stated")
     return "\n".join(rows + notes), ok
 
 
 __all__ = ["Part", "LessonTime", "count_words", "count_code_lines", "sections",
-           "stated_minutes", "estimate", "minutes_report", "verdict"]
+           "keras_section", "stated_minutes", "estimate", "minutes_report", "verdict"]
