@@ -9,7 +9,9 @@ The notes' format, which these tests parse:
   `| HH:MM–HH:MM | item | minutes |` where a lesson's item is its file stem;
 - one `### NN_name` section per lesson with the notebook's own `**Time:** ...` line, its
   exercise ids in backticks, and a `**Common errors**` list whose items each hold the error
-  (a code span) and a `**Fix:**`.
+  (a code span) and a `**Fix:**`;
+- for a lesson with an `## In Keras` section (the Keras track), `*In Keras* (optional, about
+  N min` in its notes section and in its README row, N as `make minutes` estimates it.
 """
 
 import re
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_lessons_meta import SOLUTIONS, TIME_LINE, lesson_minutes, readme_rows
 
-from helpers.authoring import build
+from helpers.authoring import build, pacing
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTES = ROOT / "docs" / "instructor-notes.md"
@@ -214,3 +216,23 @@ def test_every_measured_figure_the_notes_quote_is_in_the_stored_outputs(path, se
                if re.sub(r"\s+", " ", m.group(0)) not in text]
     assert not missing, f"{path.stem}: the notes quote {missing}, which its stored outputs " \
                         f"do not print: update docs/instructor-notes.md"
+
+
+IN_KERAS = re.compile(r"\*In Keras\* \(optional, about (\d+) min")
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_keras_sections_state_their_estimated_minutes(path, sections):
+    """The Keras track is optional: its minutes are not in the core's, so the notes and the
+    README say them, as `make minutes` estimates them (re-recorded outputs change them)."""
+    keras = pacing.estimate(path).keras
+    row = next(line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+               if line.startswith(f"| [{path.stem}]"))
+    for where, text in (("the notes", sections.get(path.stem, "")), ("the README row", row)):
+        stated = [int(m) for m in IN_KERAS.findall(text)]
+        if keras is None:
+            assert not stated, f"{path.stem}: {where} name an In Keras section it does not have"
+        else:
+            assert stated == [round(keras.minutes)], (
+                f"{path.stem}: {where} must say '*In Keras* (optional, about "
+                f"{round(keras.minutes)} min' (make minutes), not {stated}")
