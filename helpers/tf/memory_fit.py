@@ -26,7 +26,6 @@ import html
 import math
 import numbers
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -339,30 +338,41 @@ def _step_peaks(model, x, y, steps: int, source, base: int) -> list[int]:
     return peaks
 
 
-def _child_measure(model_path: str, batch: int, steps: int) -> dict:
-    """In a fresh process (``python -m helpers.tf.memory_fit``): load the saved model, run
-    ``steps`` training steps on the default synthetic batch, return the steps' peaks above
-    the memory in use before them. One inter-op thread: the operations then run in the
-    same order every time, and so does what the BFC allocator hands out."""
+def _child_measure(payload_path: str, batch: int, steps: int) -> dict:
+    """In a fresh process (``python -m helpers.tf.memory_fit``): build the model with the
+    caller's ``build_model`` (sent by value with cloudpickle, so a function or layer class
+    defined in a notebook arrives too) under the caller's global dtype policy, run ``steps``
+    training steps on one batch, return the steps' peaks above the memory in use before the
+    model was built. One inter-op thread: the operations then run in the same order every
+    time, and so does what the BFC allocator hands out."""
+    import cloudpickle
+
     tf = _tensorflow()
     tf.config.threading.set_inter_op_parallelism_threads(1)
     import keras
 
     from ..memory.sources import TensorFlowSource
 
+    with open(payload_path, "rb") as f:
+        build_model, make_batch, policy = cloudpickle.load(f)
+    keras.config.set_dtype_policy(policy)
     source = TensorFlowSource(tf.config.experimental, DEVICE)
+    source.reset()
+    base = source.read()
     start = time.perf_counter()
-    model = keras.saving.load_model(model_path)
+    model = build_model()
+    _check_model(model, keras)
     model.jit_compile = False
-    x, y = _default_batch(model, batch)
+    x, y = _default_batch(model, batch) if make_batch is None else make_batch(batch)
     x = tf.nest.map_structure(tf.convert_to_tensor, x)
     y = tf.convert_to_tensor(y)
-    source.reset()
-    peaks = _step_peaks(model, x, y, steps, source, base=source.read())
-    return {"peaks": peaks, "seconds": time.perf_counter() - start}
+    peaks = _step_peaks(model, x, y, steps, source, base)
+    info = [int(model.count_params()), _input_shape(model), model.dtype_policy.name,
+            model.name]
+    return {"peaks": peaks, "seconds": time.perf_counter() - start, "info": info}
 
 
-def _measure_isolated(model_path, batch: int, steps: int, timeout: float):
+def _measure_isolated(payload_path, batch: int, steps: int, timeout: float):
     """One batch size in a fresh Python process (see :func:`_child_measure`)."""
     import json
     import os
@@ -374,7 +384,7 @@ def _measure_isolated(model_path, batch: int, steps: int, timeout: float):
     env = {**os.environ, **TF_ENV, "TF_CPP_MIN_LOG_LEVEL": "3"}
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "helpers.tf.memory_fit", str(model_path), str(batch),
+            [sys.executable, "-m", "helpers.tf.memory_fit", str(payload_path), str(batch),
              str(steps)], capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise TimeoutError(f"measuring batch {batch} in a fresh process took more than "
@@ -384,7 +394,25 @@ def _measure_isolated(model_path, batch: int, steps: int, timeout: float):
         raise RuntimeError(f"measuring batch {batch} in a fresh process failed (exit code "
                            f"{done.returncode}): {done.stderr.strip()[-1500:]}")
     result = json.loads(lines[-1])
-    return result["peaks"], result["seconds"]
+    shape = result["info"][1]
+    result["info"][1] = tuple(shape) if shape is not None else None
+    return result["peaks"], result["seconds"], tuple(result["info"])
+
+
+def _payload(build_model, make_batch, policy: str) -> bytes:
+    """``build_model``, ``make_batch`` and the global dtype policy, pickled by value for the
+    fresh processes (cloudpickle: functions and classes defined in a notebook included)."""
+    import pickle
+
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps((build_model, make_batch, policy))
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        raise ValueError(
+            f"build_model (or make_batch) cannot be sent to a fresh process: {exc}. With "
+            "isolate=True it is pickled by value: let it build everything it needs (no "
+            "open files, locks or models made outside it), or use isolate=False") from None
 
 
 def _input_shape(model):
@@ -445,14 +473,16 @@ def measure_keras_memory(build_model: Callable, batch_sizes, *, check_batch=None
             model's input shape and integer class labels (``sparse_categorical_crossentropy``).
         title: a name for the report (default: the model's name).
         isolate: measure every batch size in a fresh Python process with one inter-op
-            thread (the model is built here once and saved to a temporary ``.keras`` file,
-            so it must be one Keras can save and load: built-in layers, or registered
-            custom ones; ``make_batch`` is not available). The operations then run in the
-            same order every time: measured for the 32-px ResNet of the tests, the steps of
-            one process agree to 0.1 % and two processes to about 1.5 %, and the notebook's
-            kernel never holds the large batches. It does not make the peak a line: the
-            BFC allocator's staircase stays (see above). About 5-10 s more per batch size
-            (a new process imports TensorFlow).
+            thread. ``build_model`` and ``make_batch`` are sent there by value
+            (cloudpickle: functions and layer classes defined in a notebook arrive too),
+            with the global dtype policy (``keras.mixed_precision.set_global_policy``);
+            the model is built and trained only there, so the notebook's kernel never holds
+            it or its large batches (TensorFlow keeps its allocator's pool until the
+            process ends). The operations then run in the same order every time: measured
+            for the 32-px ResNet of the tests, the steps of one process agree to 0.1 % and
+            two processes to about 1.5 %. It does not make the peak a line: the BFC
+            allocator's staircase stays (see above). About 5-10 s more per batch size (a
+            new process imports TensorFlow).
         timeout: seconds each isolated measurement may take.
 
     Returns:
@@ -486,34 +516,21 @@ def measure_keras_memory(build_model: Callable, batch_sizes, *, check_batch=None
     if not isinstance(isolate, bool):
         raise TypeError(f"isolate must be True or False, got {type(isolate).__name__}")
     timeout = real_number(timeout, "timeout", 1, 24 * 3600)
-    if isolate and make_batch is not None:
-        raise ValueError("make_batch cannot be sent to a fresh process: with isolate=True "
-                         "the batches are the default synthetic ones")
     peaks, step_peaks, seconds, info = [], [], [], None
     every = [*batches, *([check_batch] if check_batch is not None else [])]
     if isolate:
         import tempfile
         from pathlib import Path
 
-        keras.backend.clear_session()
-        model = build_model()
-        _check_model(model, keras)
-        info = (int(model.count_params()), _input_shape(model), model.dtype_policy.name,
-                model.name)
+        payload = _payload(build_model, make_batch, keras.config.dtype_policy().name)
         with tempfile.TemporaryDirectory(prefix="keras-memory-") as tmp:
-            path = Path(tmp) / "model.keras"
-            with warnings.catch_warnings():  # Keras' own NumPy 2 notice, not the user's
-                warnings.simplefilter("ignore", DeprecationWarning)
-                model.save(path)
-            del model
-            keras.backend.clear_session()
+            path = Path(tmp) / "build_model.pkl"
+            path.write_bytes(payload)
             measured_all = [_measure_isolated(path, b, steps, timeout) for b in every]
     else:
-        measured_all = []
-        for batch in every:
-            measured, took, info = _measure(build_model, batch, steps, make_batch, tf, keras)
-            measured_all.append((measured, took))
-    for measured, took in measured_all:
+        measured_all = [_measure(build_model, b, steps, make_batch, tf, keras) for b in every]
+    info = measured_all[-1][2]
+    for measured, took, _ in measured_all:
         step_peaks.append(measured)
         peaks.append(sorted(measured)[len(measured) // 2])
         seconds.append(took)
