@@ -344,7 +344,7 @@ def _child_measure(payload_path: str, batch: int, steps: int) -> dict:
     defined in a notebook arrives too) under the caller's global dtype policy, run ``steps``
     training steps on one batch, return the steps' peaks above the memory in use before the
     model was built. One inter-op thread: the operations then run in the same order every
-    time, and so does what the BFC allocator hands out."""
+    time, and the steps of one process agree to 0.1 %."""
     import cloudpickle
 
     tf = _tensorflow()
@@ -445,21 +445,25 @@ def measure_keras_memory(build_model: Callable, batch_sizes, *, check_batch=None
     the optimizer update, ...), each growing at its own rate; at small batches a moment
     dominated by the weights can be the largest, so the line bends there. Fit over batches
     where the activations dominate (the ``slope_spread`` is small) and check on a larger
-    one. The peak also moves between runs: TensorFlow's CPU threads order the operations
-    differently, and the BFC allocator hands out whole free chunks (up to twice a request)
-    depending on what it freed before. Measured on 2 cores for the 32-px ResNet of the tests
-    (``tests/unit/tf/test_keras_memory_fit.py``): the steps of one point mostly agree within a
-    few percent (the median of ``steps`` steps is kept), but the same batch
-    measured in another run differs by up to about 5 % (batch 384: 480.8, 490.2, 497.1 MiB),
-    so a held-out check came out at +1.1 %, -8.4 % and +6.7 % in three runs: read the line as
-    an estimate to about 10 %, and keep a margin (``largest_batch(..., margin=0.1)``).
+    one. The peak is not exactly affine either, and what it does at one batch size is not
+    what it does at the next: measured on 2 cores for the 32-px ResNet of the tests
+    (``tests/unit/tf/test_keras_memory_fit.py``), the bytes per sample between neighbouring
+    fit points varied from about 0.7 to 1.8 MiB, and a held-out batch of 384 came out between
+    +1 % and -14 % of the line in eleven runs; for ResNet-50 at 224 px fitted over batches
+    2 and 4, batch 6 came out at -0.1 % and +5.0 % in two runs. The BFC allocator's
+    rounding is not the cause: handing it one large region first (as a GPU without memory
+    growth has) left every peak the same within 0.3 %. What varies is what the operations
+    themselves allocate at each batch size (the CPU kernels' temporary buffers, and the
+    order the executor runs them in). Read the line as an estimate to the held-out error
+    it prints, and keep a margin larger than that (``largest_batch(..., margin=0.15)``).
 
-    In this process, not a fresh one: a notebook's ``build_model`` cannot be sent to a new
-    Python process, and the step's peak is read above the memory already in use, so what a
-    notebook holds does not enter it. Measured both ways for that ResNet: a fresh process per
-    batch and this process agreed within the run-to-run spread at batches of 64 and more
-    (batch 64: 128.7 and 130.8 MB in fresh processes, 129.5 MB here); at batch 8 a second
-    measurement in the same process read 14 % higher than the first: use larger batches.
+    Isolated or here: with ``isolate=True`` (below) the model is built and trained only in
+    fresh processes, so the kernel never holds it; here, the step's peak is read above the
+    memory already in use, so what a notebook holds does not enter it, but TensorFlow keeps
+    the pool its allocator grew to until the process ends. Measured both ways for that
+    ResNet: the two agreed within the run-to-run spread at batches of 64 and more; at batch 8
+    a second measurement in the same process read 14 % higher than the first: use larger
+    batches.
 
     Args:
         build_model: a function without arguments returning a new *compiled* Keras model
