@@ -202,11 +202,13 @@ class KerasMemoryFit(ShownAsTable):
         return lines
 
     def _rows(self) -> list[list[str]]:
-        rows = [[str(b), "fit", fmt_mib(f), f"~{p / 2**20:.1f} MiB ({_pct(r)})"]
+        """One row per point; every figure measured (or fitted to measurements): ``~``."""
+        rows = [[str(b), "fit", f"~{fmt_mib(f)}", f"~{p / 2**20:.1f} MiB ({_pct(r)})"]
                 for b, p, f, r in zip(self.batch_sizes, self.peaks, self.fitted,
                                       self.residual_fractions, strict=True)]
         if self.check_batch is not None:
-            rows.append([str(self.check_batch), "held out", fmt_mib(self.check_prediction),
+            rows.append([str(self.check_batch), "held out",
+                         f"~{fmt_mib(self.check_prediction)}",
                          f"~{self.check_peak / 2**20:.1f} MiB ({_pct(-self.check_error)})"])
         return rows
 
@@ -216,7 +218,7 @@ class KerasMemoryFit(ShownAsTable):
     def text(self) -> str:
         lines = self._head()
         for b, kind, line, measured in self._rows():
-            lines.append(f"batch {b:>5} ({kind}): line ~{line}, measured {measured}")
+            lines.append(f"batch {b:>5} ({kind}): line {line}, measured {measured}")
         if self.check_error is not None:
             lines.append(f"held-out error at batch {self.check_batch}: "
                          f"{_pct(self.check_error)} (line vs measured)")

@@ -1,9 +1,11 @@
 """helpers.measure_keras_memory's line (helpers/tf/memory_fit.py): the affine fit on
 synthetic numbers, its reports and its argument checks; one real measurement (slow)."""
 
+import html
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -62,6 +64,12 @@ def test_line_reports_residuals_spread_and_the_held_out_error():
     assert "<table" in fit._repr_html_()
     d = fit.to_dict()
     assert json.loads(json.dumps(d))["check_batch"] == 128
+    # every measured figure carries a ~ (the notebook tests mask them: tests/sanitize.cfg),
+    # so only the title, the batch sizes and fixed words are compared
+    masked = re.sub(r"~[-+]?[0-9][0-9,]*(\.[0-9]+)?", "~N", text + fit._repr_html_())
+    masked = html.unescape(masked)
+    assert set(re.findall(r"[0-9]+(?:\.[0-9]+)?", masked)) <= {"16", "32", "64", "128"}, \
+        masked
 
 
 @pytest.mark.parametrize("kwargs, error, words", [
