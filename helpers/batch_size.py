@@ -459,20 +459,10 @@ class _Search:
     def run_trial(self, b: int, why: str) -> Trial:
         if self.card is not None:
             return self.card_trial(b, why)
-        source, times, started, error = self.source, [], 0, None
+        source = self.source
         source.reset()
         t_start = time.perf_counter()
-        try:
-            for started in range(1, self.steps + 1):  # noqa: B007 - counted when one fails
-                t0 = time.perf_counter()
-                self.step(b)
-                source.sync()
-                times.append(time.perf_counter() - t0)
-        except BaseException as exc:
-            if not is_oom_error(exc):
-                raise
-            error = _first_line(exc)
-            traceback.clear_frames(exc.__traceback__)  # its frames hold the step's tensors
+        started, times, error = self.run_steps(b)
         seconds = time.perf_counter() - t_start
         # clean-up outside the except block, so nothing from the error is alive any more
         peak = None if error is not None else source.peak()
@@ -490,6 +480,24 @@ class _Search:
         self.trials.append(trial)
         return trial
 
+    def run_steps(self, b: int) -> tuple[int, list[float], str | None]:
+        """``steps_per_trial`` calls of the step at ``b``: how many started, each one's
+        seconds, and the first line of the out-of-memory error that stopped them (None if
+        none did; any other error is raised)."""
+        times, started, error = [], 0, None
+        try:
+            for started in range(1, self.steps + 1):  # noqa: B007 - counted when one fails
+                t0 = time.perf_counter()
+                self.step(b)
+                self.source.sync()
+                times.append(time.perf_counter() - t0)
+        except BaseException as exc:
+            if not is_oom_error(exc):
+                raise
+            error = _first_line(exc)
+            traceback.clear_frames(exc.__traceback__)  # its frames hold the step's tensors
+        return started, times, error
+
     def card_trial(self, b: int, why: str) -> Trial:
         """A trial on a Keras virtual card: the memory is the card's line (context
         included). Up to the largest batch the line was measured at, the step runs for real
@@ -500,14 +508,7 @@ class _Search:
         if planned:
             error = card.plan(self.model, b)
         else:
-            try:
-                for started in range(1, self.steps + 1):  # noqa: B007 - counted when one fails
-                    self.step(b)
-            except BaseException as exc:
-                if not is_oom_error(exc):
-                    raise
-                error = _first_line(exc)
-                traceback.clear_frames(exc.__traceback__)
+            started, _, error = self.run_steps(b)
             self.restore()
             self.release(error is not None)
         peak = None if error is not None else card.need_bytes(b)

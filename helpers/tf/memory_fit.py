@@ -304,10 +304,20 @@ def _check_model(model, keras) -> None:
 
 
 def _measure(build_model, batch: int, steps: int, make_batch, tf, keras):
-    """One batch size, on a fresh model: the median of the steps' peaks above the memory
-    in use before the model was built, the model, and the seconds it took."""
+    """One batch size in this process, on a fresh model (see :func:`_build_and_train`),
+    with Keras' global state cleared before and after."""
     keras.backend.clear_session()
     gc.collect()
+    measured = _build_and_train(build_model, batch, steps, make_batch, tf, keras)
+    keras.backend.clear_session()
+    gc.collect()
+    return measured
+
+
+def _build_and_train(build_model, batch: int, steps: int, make_batch, tf, keras):
+    """Build a model with ``build_model``, run ``steps`` training steps on one batch:
+    each step's allocator peak above the memory in use before the model was built, the
+    seconds it all took, and ``(parameters, input shape, policy, name)``."""
     from ..memory.sources import TensorFlowSource
 
     source = TensorFlowSource(tf.config.experimental, DEVICE)
@@ -320,24 +330,15 @@ def _measure(build_model, batch: int, steps: int, make_batch, tf, keras):
     x, y = _default_batch(model, batch) if make_batch is None else make_batch(batch)
     x = tf.nest.map_structure(tf.convert_to_tensor, x)
     y = tf.convert_to_tensor(y)
-    peaks = _step_peaks(model, x, y, steps, source, base)
-    seconds = time.perf_counter() - start
-    info = (int(model.count_params()), _input_shape(model),
-            model.dtype_policy.name, model.name)
-    del model, x, y
-    keras.backend.clear_session()
-    gc.collect()
-    return peaks, seconds, info
-
-
-def _step_peaks(model, x, y, steps: int, source, base: int) -> list[int]:
-    """``steps`` training steps on ``(x, y)``; each one's allocator peak above ``base``."""
     peaks = []
     for _ in range(steps):
         source.reset()
         model.train_on_batch(x, y)
         peaks.append(source.peak() - base)
-    return peaks
+    seconds = time.perf_counter() - start
+    info = (int(model.count_params()), _input_shape(model), model.dtype_policy.name,
+            model.name)
+    return peaks, seconds, info
 
 
 def _child_measure(payload_path: str, batch: int, steps: int) -> dict:
@@ -353,25 +354,11 @@ def _child_measure(payload_path: str, batch: int, steps: int) -> dict:
     tf.config.threading.set_inter_op_parallelism_threads(1)
     import keras
 
-    from ..memory.sources import TensorFlowSource
-
     with open(payload_path, "rb") as f:
         build_model, make_batch, policy = cloudpickle.load(f)
     keras.config.set_dtype_policy(policy)
-    source = TensorFlowSource(tf.config.experimental, DEVICE)
-    source.reset()
-    base = source.read()
-    start = time.perf_counter()
-    model = build_model()
-    _check_model(model, keras)
-    model.jit_compile = False
-    x, y = _default_batch(model, batch) if make_batch is None else make_batch(batch)
-    x = tf.nest.map_structure(tf.convert_to_tensor, x)
-    y = tf.convert_to_tensor(y)
-    peaks = _step_peaks(model, x, y, steps, source, base)
-    info = [int(model.count_params()), _input_shape(model), model.dtype_policy.name,
-            model.name]
-    return {"peaks": peaks, "seconds": time.perf_counter() - start, "info": info}
+    peaks, seconds, info = _build_and_train(build_model, batch, steps, make_batch, tf, keras)
+    return {"peaks": peaks, "seconds": seconds, "info": list(info)}
 
 
 def _measure_isolated(payload_path, batch: int, steps: int, timeout: float):
