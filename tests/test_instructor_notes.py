@@ -2,11 +2,14 @@
 
 The notes' format, which these tests parse:
 
-- a timing table with rows `| NN_name | teaching | exercises | total | core or optional |`,
-  a `**Total:** N min ...: T min teaching + E min exercises.` line, and `**Core path:**` and
-  `**Optional:**` lines naming lessons, each ending in `(N min).`;
-- schedules under `### Half day: HH:MM–HH:MM (N min)` and `### Full day: ...`, as tables of
-  `| HH:MM–HH:MM | item | minutes |` where a lesson's item is its file stem;
+- a timing table with rows `| NN_name | teaching | exercises | total | path |`, the path
+  `core`, `optional` or `Keras track` (companions `NNb_keras_...`, taught after lesson NN to
+  groups that train with Keras), a `**Total:** N min ...: T min teaching + E min exercises.`
+  line, and `**Core path:**`, `**Optional:**` and `**Keras track:**` lines naming lessons,
+  each ending in `(N min).`;
+- schedules under `### Half day: HH:MM–HH:MM (N min)` (the core path), `### Full day: ...`
+  (every lesson but the Keras track) and `### Keras day: ...` (the core path with the Keras
+  track), as tables of `| HH:MM–HH:MM | item | minutes |` where a lesson's item is its stem;
 - one `### NN_name` section per lesson with the notebook's own `**Time:** ...` line, its
   exercise ids in backticks, and a `**Common errors**` list whose items each hold the error
   (a code span) and a `**Fix:**`;
@@ -26,15 +29,17 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTES = ROOT / "docs" / "instructor-notes.md"
 HALF_DAY_MAX = 4 * 60  # minutes: a half day is at most four hours
 
-LESSON_HEADING = re.compile(r"^### (\d\d_\w+)[ \t]*$", re.M)
+LESSON_HEADING = re.compile(r"^### (\d\d[a-z]?_\w+)[ \t]*$", re.M)
 NEXT_HEADING = re.compile(r"^#{2,3} ", re.M)
-TIMING_ROW = re.compile(r"^\| (\d\d_\w+) \| (\d+) \| (\d+) \| (\d+) \| (core|optional) \|$", re.M)
+TIMING_ROW = re.compile(
+    r"^\| (\d\d[a-z]?_\w+) \| (\d+) \| (\d+) \| (\d+) \| (core|optional|Keras track) \|$", re.M)
 TOTAL = re.compile(r"^\*\*Total:\*\* (\d+) min .*: (\d+) min teaching \+ (\d+) min exercises\.$",
                    re.M)
 PATH_LINE = r"^\*\*{}:\*\* (.+?) \((\d+) min\)\.$"
-SCHEDULE = re.compile(r"^### (Half|Full) day: (\d\d:\d\d)[–-](\d\d:\d\d) \((\d+) min\)$", re.M)
+SCHEDULE = re.compile(r"^### (Half|Full|Keras) day: (\d\d:\d\d)[–-](\d\d:\d\d) \((\d+) min\)$",
+                      re.M)
 SLOT = re.compile(r"^\| (\d\d:\d\d)[–-](\d\d:\d\d) \| (.+?) \| (\d+) \|$")
-STEM = re.compile(r"\d\d_\w+")
+STEM = re.compile(build.LESSON_STEM)
 
 
 @pytest.fixture(scope="module")
@@ -99,16 +104,22 @@ def test_timing_table_totals_and_paths_add_up(notes, readme):
     assert int(total.group(3)) == sum(e for _, e in readme.values())
 
     paths = {}
-    for label in ("Core path", "Optional"):
+    for label in ("Core path", "Optional", "Keras track"):
         match = re.search(PATH_LINE.format(label), notes, re.M | re.S)
         assert match, f"no '**{label}:** ... (N min).' line"
         stems = STEM.findall(match.group(1))
         assert int(match.group(2)) == sum(sum(readme[s]) for s in stems), f"{label} minutes"
         paths[label] = stems
-    assert sorted(paths["Core path"] + paths["Optional"]) == sorted(readme)
-    assert not set(paths["Core path"]) & set(paths["Optional"])
-    marked = {stem for stem, row in rows.items() if row[3] == "core"}
-    assert marked == set(paths["Core path"]), "the table's core lessons differ from the core path"
+    assert sorted(paths["Core path"] + paths["Optional"] + paths["Keras track"]) == sorted(readme)
+    assert len(set(paths["Core path"] + paths["Optional"] + paths["Keras track"])) == len(readme)
+    for label, path in (("core", "Core path"), ("optional", "Optional"),
+                        ("Keras track", "Keras track")):
+        marked = {stem for stem, row in rows.items() if row[3] == label}
+        assert marked == set(paths[path]), f"the table's {label} lessons differ from its line"
+    for stem in paths["Keras track"]:
+        number, _, name = stem.partition("_")
+        assert len(number) == 3 and name.startswith("keras_"), \
+            f"{stem}: a Keras-track companion is named NNb_keras_..., after its lesson NN"
 
 
 def schedules(notes):
@@ -130,8 +141,10 @@ def schedules(notes):
 
 def test_schedules_add_up(notes, readme):
     found = schedules(notes)
-    assert set(found) == {"Half", "Full"}, "a half-day and a full-day schedule"
-    core = STEM.findall(re.search(PATH_LINE.format("Core path"), notes, re.M | re.S).group(1))
+    assert set(found) == {"Half", "Full", "Keras"}, \
+        "a half-day, a full-day and a Keras full-day schedule"
+    core, keras = (STEM.findall(re.search(PATH_LINE.format(label), notes, re.M | re.S).group(1))
+                   for label in ("Core path", "Keras track"))
     taught = {}
     for kind, (start, end, stated, slots) in found.items():
         assert slots, f"{kind} day: no time slots"
@@ -145,8 +158,17 @@ def test_schedules_add_up(notes, readme):
             assert item in readme, f"{kind} day: {item} is not a lesson"
             assert mins == sum(readme[item]), f"{kind} day: {item} needs {sum(readme[item])} min"
         taught[kind] = [item for item, _ in lessons]
-    assert taught["Full"] == sorted(readme), "the full day teaches every lesson, in order"
+    assert taught["Full"] == sorted(set(readme) - set(keras)), \
+        "the full day teaches every lesson but the Keras track, in order"
     assert taught["Half"] == core, "the half day teaches the core path, in order"
+    # the Keras day: the core path with each Keras-track lesson right after its lesson
+    assert taught["Keras"] == sorted(taught["Keras"]), "the Keras day's lessons in order"
+    assert set(core) | set(keras) <= set(taught["Keras"]), \
+        "the Keras day teaches the core path and the Keras track"
+    for stem in keras:
+        i = taught["Keras"].index(stem)
+        assert i > 0 and taught["Keras"][i - 1].startswith(stem[:2] + "_"), \
+            f"Keras day: {stem} comes right after lesson {stem[:2]}"
     half_start, half_end = found["Half"][:2]
     assert sum(sum(readme[s]) for s in core) <= half_end - half_start <= HALF_DAY_MAX, \
         f"the half day must fit in {HALF_DAY_MAX} min, core lessons and breaks included"

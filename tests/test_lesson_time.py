@@ -13,10 +13,10 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from helpers.authoring import pacing
+from helpers.authoring import build, pacing
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]*.ipynb"))
+SOLUTIONS = sorted((ROOT / "solutions").glob(build.LESSON_GLOB))
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
 def test_core_fits_the_stated_minutes(path):

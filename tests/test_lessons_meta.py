@@ -9,8 +9,8 @@ import pytest
 from helpers.authoring import build, pacing
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
-LESSONS = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.ipynb"))
+SOLUTIONS = sorted((ROOT / "solutions").glob(build.LESSON_GLOB))
+LESSONS = sorted((ROOT / "lessons").glob(build.LESSON_GLOB))
 ALL = SOLUTIONS + LESSONS
 TIME_LINE = re.compile(r"\*\*Time:\*\* (\d+) min teaching \+ (\d+) min exercises")
 ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(root|home|tmp|work|Users|private|var/folders)/")
@@ -124,7 +124,8 @@ def test_most_outputs_are_compared():
     assert share >= 0.75
 
 
-ROW = re.compile(r"\| \[(\d\d_\w+)\]\(lessons/(\d\d_\w+)\.ipynb\) \|.*\| (\d+) \+ (\d+) \|")
+ROW = re.compile(rf"\| \[({build.LESSON_STEM})\]\(lessons/({build.LESSON_STEM})\.ipynb\) \|.*"
+                 r"\| (\d+) \+ (\d+) \|")
 
 
 def readme_rows():
@@ -160,5 +161,5 @@ def test_checks_pass_on_solutions_and_not_on_stubs(path):
 def test_lesson_00_links_every_lesson_in_order():
     """`make lab` opens lesson 00: it is the index a learner starts from."""
     text = markdown(load(ROOT / "solutions" / "00_setup.ipynb"))
-    links = re.findall(r"\]\((\d\d_\w+)\.ipynb\)", text)
+    links = re.findall(rf"\]\(({build.LESSON_STEM})\.ipynb\)", text)
     assert links == [p.stem for p in SOLUTIONS]

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.authoring import build
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -47,7 +49,7 @@ def test_make_lab_serves_the_lessons_with_token_auth(tmp_path):
         assert denied.value.code == 403, "the server must refuse requests without the token"
         with urllib.request.urlopen(f"{base}?token={token}", timeout=10) as response:
             names = {item["name"] for item in json.load(response)["content"]}
-        lessons = {p.name for p in (ROOT / "lessons").glob("[0-9][0-9]_*.ipynb")}
+        lessons = {p.name for p in (ROOT / "lessons").glob(build.LESSON_GLOB)}
         assert lessons and lessons <= names
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -42,7 +42,7 @@ def test_learner_bundle_contains_no_solution_code(bundles):
     assert any(t.startswith("helpers/memory/") for t in tracked)
     assert not tracked - shipped, f"missing from the bundle: {sorted(tracked - shipped)}"
     checked = 0
-    for path in sorted(build.SOLUTIONS.glob("[0-9][0-9]_*.ipynb")):
+    for path in sorted(build.SOLUTIONS.glob(build.LESSON_GLOB)):
         nb = nbformat.read(str(path), 4)
         for ex in build.exercises_in(path, nb):
             for line in distinctive_lines(ex, nb):
@@ -63,7 +63,7 @@ def test_solutions_bundle_adds_the_solutions(bundles):
 def test_personal_copy_never_overwrites_and_refresh_backs_up(tmp_path):
     mine = tmp_path / "my-lessons"
     first = build.personal_copy(folder=mine)
-    lessons = sorted(p.name for p in build.LESSONS.glob("[0-9][0-9]_*.ipynb"))
+    lessons = sorted(p.name for p in build.LESSONS.glob(build.LESSON_GLOB))
     assert sorted(p.name for p in mine.glob("*.ipynb")) == lessons
     assert len(first) == len(lessons)
     edited = mine / lessons[0]

@@ -55,6 +55,10 @@ LEARNER_BUNDLE = ["README.md", "LICENSE", "CONTRIBUTING.md", "Makefile", "pyproj
                   "tests/gpu/results"]  # recorded GPU results lessons 05-09 show, once there
 SOLUTIONS_EXTRA = ["solutions"]
 
+# lesson notebooks: "05_batch_size.ipynb", and a companion such as the Keras track's
+# "05b_keras_batch_size.ipynb" (taught after lesson 05, with exercise ids "05-...")
+LESSON_GLOB = "[0-9][0-9]*_*.ipynb"
+LESSON_STEM = r"\d\d[a-z]?_\w+"
 SOLUTION_TAG = "solution"
 EXERCISE_TAG = "exercise"
 # a cell whose result learners predict first: outputs cleared in lessons/, and nbval ignores
@@ -193,7 +197,7 @@ def exercises_in(path: Path, nb=None) -> list[Exercise]:
 def all_exercises(solutions_dir: Path | None = None) -> list[Exercise]:
     """Every exercise in the kit; ids must be unique."""
     result, seen = [], {}
-    for path in sorted((solutions_dir or SOLUTIONS).glob("[0-9][0-9]_*.ipynb")):
+    for path in sorted((solutions_dir or SOLUTIONS).glob(LESSON_GLOB)):
         for ex in exercises_in(path):
             if ex.id in seen:
                 raise BuildError(
@@ -315,10 +319,14 @@ def _signature(nb) -> list[tuple]:
 
 def select(names: list[str] | None, folder: Path | None = None) -> list[Path]:
     folder = folder or SOLUTIONS
-    paths = sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+    paths = sorted(folder.glob(LESSON_GLOB))
     if not names:
         return paths
-    chosen = [p for p in paths if any(n in p.stem for n in names)]
+    # "05" is lesson 05 only (not its companion 05b), "05b" the companion; other names
+    # match any part of a notebook's name ("batch", "keras")
+    chosen = [p for p in paths if any(
+        p.stem.split("_")[0] == n if re.fullmatch(r"\d\d[a-z]?", n) else n in p.stem
+        for n in names)]
     if not chosen:
         known = ", ".join(p.stem for p in paths) or "none"
         raise SystemExit(f"no notebook in {folder.name}/ matches {names}; known: {known}")

@@ -32,11 +32,11 @@ NOT_RELEASED = (
 
 def solutions_dir() -> Path | None:
     """Where the solution notebooks are: $GPU_LESSONS_SOLUTIONS, else the kit's solutions/."""
-    from .build import SOLUTIONS
+    from .build import LESSON_GLOB, SOLUTIONS
 
     configured = os.environ.get("GPU_LESSONS_SOLUTIONS")
     folder = Path(configured).expanduser() if configured else SOLUTIONS
-    if folder.is_dir() and any(folder.glob("[0-9][0-9]_*.ipynb")):
+    if folder.is_dir() and any(folder.glob(LESSON_GLOB)):
         return folder
     return None
 

@@ -66,7 +66,7 @@ def test_build_personal_command_warns(tmp_path):
     assert result.returncode == 0, result.stderr
     assert f"warning: {path} hides the kit's helpers package" in result.stderr
     assert sorted(p.name for p in mine.glob("*.ipynb")) == sorted(
-        p.name for p in (ROOT / "lessons").glob("[0-9][0-9]_*.ipynb"))
+        p.name for p in (ROOT / "lessons").glob(build.LESSON_GLOB))
 
 
 def test_make_lab_runs_build_personal():
@@ -81,7 +81,7 @@ def setup_guards() -> dict[str, str]:
     """notebook -> ``import helpers`` plus the guard statement of its setup cell."""
     guards = {}
     for folder in ("solutions", "lessons"):
-        for path in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb")):
+        for path in sorted((ROOT / folder).glob(build.LESSON_GLOB)):
             nb = build.read(path)
             (cell,) = [c for c in nb.cells if c.cell_type == "code"
                        and "import helpers" in c.source.splitlines()]
