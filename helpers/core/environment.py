@@ -80,7 +80,7 @@ class SetupReport(ShownAsTable):
 
 
 def setup(seed: int = 0, *, deterministic: bool = True, benchmark: bool = False,
-          tensorflow: bool | None = None):
+          tensorflow: bool | None = None, torch: bool | None = None):
     """Seed every framework in use and choose between repeatable and fast GPU kernels.
 
     Deterministic mode (the default) makes reruns give the same numbers, which lessons 02 and
@@ -111,6 +111,10 @@ def setup(seed: int = 0, *, deterministic: bool = True, benchmark: bool = False,
             configures it only if it is already imported; ``False`` leaves it alone. Its
             environment variables are set in every case, so a later ``import tensorflow`` is
             quiet and grows GPU memory on demand.
+        torch: ``None`` (default) imports, seeds and configures PyTorch if it is installed;
+            ``True`` insists on it (ImportError without it); ``False`` leaves it alone unless
+            it is already imported. A notebook that trains only Keras models passes
+            ``torch=False``: importing PyTorch costs a kernel about 0.25 GiB of memory.
 
     Returns:
         A :class:`SetupReport` listing what was seeded and set.
@@ -123,6 +127,9 @@ def setup(seed: int = 0, *, deterministic: bool = True, benchmark: bool = False,
                          "repeatable; use it with deterministic=False")
     if tensorflow is not None:
         flag(tensorflow, "tensorflow")
+    if torch is not None:
+        flag(torch, "torch")
+    use_torch = torch
 
     report = SetupReport(seed=seed, deterministic=deterministic, benchmark=benchmark)
     report.settings.update(quiet_tensorflow_env())
@@ -135,10 +142,16 @@ def setup(seed: int = 0, *, deterministic: bool = True, benchmark: bool = False,
     np.random.seed(seed)
     report.seeded.append("numpy")
 
-    try:
+    torch = None
+    if use_torch is None:
+        try:
+            import torch
+        except ImportError:
+            torch = None
+    elif use_torch:
         import torch
-    except ImportError:
-        torch = None
+    else:
+        torch = sys.modules.get("torch")  # already imported: seed it all the same
     if torch is not None:
         torch.manual_seed(seed)  # also seeds every CUDA device
         report.seeded.append("torch")

@@ -143,6 +143,26 @@ def test_setup_with_tensorflow_is_quiet_and_seeded():
     assert "cpu_feature_guard" not in out.stderr
 
 
+def test_setup_without_torch_leaves_it_unimported_and_seeds_it_once_imported():
+    """torch=False: a Keras-only notebook's kernel does not pay for PyTorch (~0.25 GiB)."""
+    code = (
+        "import sys, helpers\n"
+        "r = helpers.setup(seed=3, torch=False)\n"
+        "assert 'torch' not in sys.modules and 'torch' not in r.seeded, r.seeded\n"
+        "import torch\n"
+        "r = helpers.setup(seed=3, torch=False)\n"
+        "assert 'torch' in r.seeded, r.seeded\n"
+        "a = torch.rand(3)\n"
+        "torch.manual_seed(3)\n"
+        "assert torch.equal(a, torch.rand(3))\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    with pytest.raises(TypeError, match="torch"):
+        setup(torch="no")
+
+
 def test_pick_device_on_this_machine():
     import torch
 

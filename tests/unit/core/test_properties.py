@@ -89,9 +89,9 @@ def test_setup_rejects_bad_seeds_before_changing_anything(seed):
     assert rejected(setup, "seed", seed)
 
 
-@given(ANYTHING, st.sampled_from(["deterministic", "benchmark", "tensorflow"]))
+@given(ANYTHING, st.sampled_from(["deterministic", "benchmark", "tensorflow", "torch"]))
 def test_setup_rejects_bad_flags(value, name):
-    if isinstance(value, (bool, np.bool_)) or (name == "tensorflow" and value is None):
+    if isinstance(value, (bool, np.bool_)) or (name in ("tensorflow", "torch") and value is None):
         return
     assert rejected(setup, name, 0, **{name: value})
 
