@@ -66,6 +66,9 @@ NOTEBOOK_PARTS = {
     "notebooks-d": ["07_mixed_precision"],
     "notebooks-e": ["08_oom_challenge"],
     "notebooks-f": ["09_throughput"],
+    # the Keras track: TensorFlow cells only, skipped where the kernel has no TensorFlow
+    "notebooks-g": ["05b_keras_batch_size"],
+    "notebooks-h": ["08b_keras_oom_challenge"],
 }
 # On a GPU machine the main kernel's TensorFlow is the CPU build (one CUDA stack per
 # environment, README "GPU machines"); TensorFlow on the GPU lives in the optional .venv-tf

@@ -308,7 +308,8 @@ def _measure(build_model, batch: int, steps: int, make_batch, tf, keras):
     with Keras' global state cleared before and after."""
     keras.backend.clear_session()
     gc.collect()
-    measured = _build_and_train(build_model, batch, steps, make_batch, tf, keras)
+    with tf.device(DEVICE):  # on a machine with a GPU too: the line is the CPU allocator's
+        measured = _build_and_train(build_model, batch, steps, make_batch, tf, keras)
     keras.backend.clear_session()
     gc.collect()
     return measured
@@ -370,7 +371,9 @@ def _measure_isolated(payload_path, batch: int, steps: int, timeout: float):
 
     from ..core.environment import TF_ENV
 
-    env = {**os.environ, **TF_ENV, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    # the line is a CPU measurement (DEVICE): on a machine with a GPU, TensorFlow would place
+    # the model there and the CPU allocator's peak would miss it, so the child sees no GPU
+    env = {**os.environ, **TF_ENV, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1"}
     try:
         done = subprocess.run(
             [sys.executable, "-m", "helpers.tf.memory_fit", str(payload_path), str(batch),

@@ -242,6 +242,24 @@ def test_isolation_sends_a_notebook_builder_its_custom_layer_make_batch_and_poli
     assert all(len(p) == 2 for p in fit.step_peaks)
 
 
+def test_the_fresh_processes_measure_on_the_cpu_even_where_a_gpu_is_visible(monkeypatch):
+    """The line is the CPU allocator's: a child that saw a GPU would train there, and the
+    CPU's peak would miss the step. So each child runs with CUDA_VISIBLE_DEVICES=-1."""
+    from helpers.tf import memory_fit
+
+    seen = {}
+
+    def fake_run(cmd, **kwargs):
+        seen.update(kwargs["env"])
+        raise subprocess.TimeoutExpired(cmd, 1)
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    with pytest.raises(TimeoutError, match="batch 8"):
+        memory_fit._measure_isolated("payload", 8, 1, timeout=1)
+    assert seen["CUDA_VISIBLE_DEVICES"] == "-1"
+
+
 def test_a_builder_that_cannot_be_pickled_is_named():
     import threading
 
