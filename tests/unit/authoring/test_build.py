@@ -275,3 +275,19 @@ def test_rebuild_keeps_check_outputs_but_not_predictions(tmp_path, monkeypatch):
     assert new.cells[6].source.startswith("# Check: the answer\n")
     assert new.cells[3].outputs == []  # the prediction's stored result is not carried over
     assert build.build_lessons(check=True) == []
+
+
+def test_select_takes_a_lesson_number_exactly_and_other_names_as_parts(tmp_path):
+    """`make outputs NB=05` re-records lesson 05, not also its Keras companion 05b."""
+    for stem in ("05_batch_size", "05b_keras_batch_size", "08_oom_challenge",
+                 "08b_keras_oom_challenge", "42"):
+        (tmp_path / f"{stem}.ipynb").write_text("{}")
+    names = lambda chosen: [p.stem for p in chosen]  # noqa: E731
+    assert names(build.select(["05"], tmp_path)) == ["05_batch_size"]
+    assert names(build.select(["05b"], tmp_path)) == ["05b_keras_batch_size"]
+    assert names(build.select(["keras"], tmp_path)) == ["05b_keras_batch_size",
+                                                        "08b_keras_oom_challenge"]
+    assert names(build.select(None, tmp_path)) == ["05_batch_size", "05b_keras_batch_size",
+                                                   "08_oom_challenge", "08b_keras_oom_challenge"]
+    with pytest.raises(SystemExit, match="known: 05_batch_size"):
+        build.select(["07"], tmp_path)
