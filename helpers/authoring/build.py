@@ -58,7 +58,8 @@ SOLUTIONS_EXTRA = ["solutions"]
 # lesson notebooks: "05_batch_size.ipynb", and a companion such as the Keras track's
 # "05b_keras_batch_size.ipynb" (taught after lesson 05, with exercise ids "05-...")
 LESSON_GLOB = "[0-9][0-9]*_*.ipynb"
-LESSON_STEM = r"\d\d[a-z]?_\w+"
+LESSON_NUMBER = r"\d\d[a-z]?"  # "05", or "05b" for a companion
+LESSON_STEM = LESSON_NUMBER + r"_\w+"
 SOLUTION_TAG = "solution"
 EXERCISE_TAG = "exercise"
 # a cell whose result learners predict first: outputs cleared in lessons/, and nbval ignores
@@ -325,7 +326,7 @@ def select(names: list[str] | None, folder: Path | None = None) -> list[Path]:
     # "05" is lesson 05 only (not its companion 05b), "05b" the companion; other names
     # match any part of a notebook's name ("batch", "keras")
     chosen = [p for p in paths if any(
-        p.stem.split("_")[0] == n if re.fullmatch(r"\d\d[a-z]?", n) else n in p.stem
+        p.stem.split("_")[0] == n if re.fullmatch(LESSON_NUMBER, n) else n in p.stem
         for n in names)]
     if not chosen:
         known = ", ".join(p.stem for p in paths) or "none"

@@ -129,7 +129,6 @@ def setup(seed: int = 0, *, deterministic: bool = True, benchmark: bool = False,
         flag(tensorflow, "tensorflow")
     if torch is not None:
         flag(torch, "torch")
-    use_torch = torch
 
     report = SetupReport(seed=seed, deterministic=deterministic, benchmark=benchmark)
     report.settings.update(quiet_tensorflow_env())
@@ -142,25 +141,16 @@ def setup(seed: int = 0, *, deterministic: bool = True, benchmark: bool = False,
     np.random.seed(seed)
     report.seeded.append("numpy")
 
-    torch = None
-    if use_torch is None:
-        try:
-            import torch
-        except ImportError:
-            torch = None
-    elif use_torch:
-        import torch
-    else:
-        torch = sys.modules.get("torch")  # already imported: seed it all the same
-    if torch is not None:
-        torch.manual_seed(seed)  # also seeds every CUDA device
+    pt = _torch_module(torch)
+    if pt is not None:
+        pt.manual_seed(seed)  # also seeds every CUDA device
         report.seeded.append("torch")
         if deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=True)
+            pt.use_deterministic_algorithms(True, warn_only=True)
         else:
-            torch.use_deterministic_algorithms(False)
-        torch.backends.cudnn.deterministic = deterministic
-        torch.backends.cudnn.benchmark = benchmark
+            pt.use_deterministic_algorithms(False)
+        pt.backends.cudnn.deterministic = deterministic
+        pt.backends.cudnn.benchmark = benchmark
         report.settings["torch deterministic algorithms"] = (
             "on (warn_only)" if deterministic else "off")
         report.settings["cuDNN benchmark"] = "on" if benchmark else "off"
@@ -176,6 +166,20 @@ def setup(seed: int = 0, *, deterministic: bool = True, benchmark: bool = False,
             report.seeded.append("tensorflow")
             report.settings["tensorflow GPU memory"] = grown
     return report
+
+
+def _torch_module(use: bool | None):
+    """PyTorch for :func:`setup` to seed, or None: ``use=None`` imports it if installed,
+    True insists (ImportError without it), False takes it only if already imported."""
+    if use is False:
+        return sys.modules.get("torch")
+    try:
+        import torch
+    except ImportError:
+        if use:
+            raise
+        return None
+    return torch
 
 
 def _cublas_env(deterministic: bool) -> str:
