@@ -96,6 +96,10 @@ _EXPORTS = {
     # Keras track (lessons 05 and 08): a step's memory line and the Keras virtual card
     "measure_keras_memory": "tf.memory_fit",
     "KerasMemoryFit": "tf.memory_fit",
+    # lesson 10: plan a cluster job from an unmodified script
+    "will_it_fit": "memory.planner",
+    "Plan": "memory.planner",
+    "PlanError": "memory.planner",
     "KerasVirtualGPU": "tf.virtual_card",
     "KerasOOM": "tf.virtual_card",
     "keras_resnet": "tf.models",

@@ -228,6 +228,14 @@ class Engine(TorchDispatchMode):
         device_type: count only storages on this kind of device (``"cpu"``, ``"cuda"``, ...).
         on_oom: called as ``on_oom(error: SimulatedOOM, op_name: str)`` when the allocator
             refuses; it must raise (``VirtualGPU`` raises ``torch.OutOfMemoryError``).
+
+    Two attributes change what counts, for the planner (:mod:`.planner`):
+
+    * ``propagate`` (default False): count only what lives "on the device" as a GPU would
+      have it: storages handed over with :meth:`adopt`, and the outputs of operations that read
+      a counted storage. Host tensors (a DataLoader's batches, Adam's step counters) are never
+      counted, even when an operation reads them.
+    * ``on_new_peak``: called without arguments each time the live bytes reach a new peak.
     """
 
     @classmethod
@@ -252,6 +260,9 @@ class Engine(TorchDispatchMode):
         # a ``workspaces.Workspaces`` to charge cuBLAS/cuDNN workspaces (VirtualGPU's
         # ``workspaces=True``); None (the default) charges nothing and changes nothing
         self.workspaces = None
+        self.propagate = False
+        self.on_new_peak = None
+        self._read_counted = False
 
     # ------------------------------------------------------------------ bookkeeping
     def _register(self, st, label: str) -> _Tracked | None:
@@ -268,10 +279,13 @@ class Engine(TorchDispatchMode):
             rec.ref = weakref.ref(st, _make_callback(self, rec))
             self.live[key] = rec
             self.live_bytes += nbytes
-            if self.live_bytes > self.peak_live_bytes:
+            new_peak = self.live_bytes > self.peak_live_bytes
+            if new_peak:
                 self.peak_live_bytes = self.live_bytes
             if self.recorder is not None:
                 self.recorder.on_alloc(rec)
+        if new_peak and self.on_new_peak is not None:
+            self.on_new_peak()
         return rec
 
     def _free(self, rec: _Tracked) -> None:
@@ -358,13 +372,16 @@ class Engine(TorchDispatchMode):
         recorder = self.recorder
         if recorder is not None and recorder.in_optimizer:
             recorder.optimizer_args(args)
+        self._read_counted = False
         if kind != _FRESH:  # lift_fresh's input is the constant it makes: not an input
             self._scan_inputs(args, kwargs, recorder)
         if self._pending is not None:
             args = kwargs = None
             self._fail()
+        read_counted = self._read_counted
         out = args[0] if skip else func(*args, **kwargs)
         n_points = len(recorder.points) if recorder is not None else 0
+        self._read_counted = read_counted
         self._track_outputs(func, kind, out, recorder)
         if self.workspaces is not None and self._pending is None:
             # after the outputs, as PyTorch's kernels do
@@ -447,6 +464,8 @@ class Engine(TorchDispatchMode):
         return out
 
     def _track_outputs(self, func, kind, out, recorder) -> None:
+        if self.propagate and not self._read_counted:
+            return  # an operation on host tensors only: its outputs stay on the host
         if kind == _MUTATE:
             changed = False
             for _, st in self._on_device(_flat_tensors(out)):
@@ -483,6 +502,12 @@ class Engine(TorchDispatchMode):
         for t, st in self._on_device(_flat_tensors(args, kwargs) if kwargs
                                      else _flat_tensors(args)):
             rec = self.live.get(id(st))
+            if self.propagate:
+                if rec is not None:
+                    self._read_counted = True
+                    if rec.label != "parameters" and t.is_leaf and _is_param(t):
+                        rec.label = "parameters"
+                continue
             if rec is None:
                 label = "parameters" if _is_param(t) else "inputs"
                 if recorder is not None:

@@ -1,0 +1,1329 @@
+"""Plan a GPU job from an unmodified PyTorch training script: ``python -m helpers.fit``.
+
+::
+
+    plan = helpers.will_it_fit("train.py", ["--batch-size", "256"], gpu="A100-40GB")
+    plan                    # peak by category, the script's line at the peak, every card
+    plan.slurm()            # a request for the smallest card that fits
+
+How it works (the "device-scoped full scale" of the kit's memory engine):
+
+* The script runs in this process (``runpy``), as ``__main__``, with its own arguments.
+* ``torch.cuda`` answers as the chosen card (:class:`~.cuda_standin.SimulatedCuda` backed by a
+  :class:`~.virtual.VirtualGPU`), and so do ``torch.accelerator``'s functions.
+* What the script puts on the GPU (``.cuda()``, ``.to("cuda")``, ``device="cuda"``, a
+  module's ``.to(device)``) becomes a *fake* tensor: exact shape, dtype and bytes, no data, no
+  compute. Operations on fake tensors make fake tensors, which the engine counts as GPU
+  memory (``Engine.propagate``). Host tensors (the DataLoader's batches, Adam's step
+  counters) stay real and are not counted, as on a real GPU.
+* ``torch.autocast("cuda")`` runs as CPU autocast with the same dtype (the op lists differ:
+  the ops whose dtype would differ on CUDA are listed); ``GradScaler("cuda")`` works; Adam
+  and gradient clipping take their ``foreach`` paths, as on CUDA.
+* Values read from GPU tensors (``loss.item()``, ``print(loss)``, ``if torch.isnan(loss)``)
+  get stand-in values (1.0, 1, ``False``; ``True`` for ``isfinite``), and each file and line
+  that asked is listed (``strict=True`` stops at the first one). ``torch.save`` is skipped
+  and listed; DataLoaders run with ``num_workers=0`` and without pinned memory.
+* The run stops cleanly after the script's ``steps``-th optimizer step (default 2: Adam's
+  state exists from the first step, so the second is the steady state).
+
+It measures once, with no limit, and compares the peak with every card in ``KNOWN_GPUS``;
+it re-runs the script only for the batch-size search (``batch_arg``) and for each fix
+(``amp``, ``checkpoint_every``).
+
+What it cannot see (say so, and leave a margin): cuDNN/cuBLAS workspaces, the CUDA context
+(a fixed ``context`` allowance is added, 500 MiB by default), other processes on the card,
+fragmentation over a long run, kernels that exist only on CUDA (flash attention saves less
+than the CPU's math path), NCCL's buffers, and tensors the script makes with
+``device=t.device`` of a GPU tensor (they are seen as host tensors, because fake tensors
+report ``cpu``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import linecache
+import math
+import os
+import re
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ..core.checks import choice, flag, positive_int, real_number, text, whole_number
+from ..core.fmt import GiB, MiB, ShownAsTable, Table, fmt_bytes
+from .capacity import COMPUTE_CAPABILITY, KNOWN_GPUS, card_name, resolve_capacity
+from .cuda_standin import SimulatedCuda
+from .virtual import VirtualGPU, _phase_from_stack
+
+__all__ = ["will_it_fit", "Plan", "PlanError", "CardFit", "CodeLine", "StandIn",
+           "DEFAULT_CONTEXT", "CUDA_FP32_OPS"]
+
+#: what the CUDA context and the kernels' modules take on a card before any tensor (typical
+#: for PyTorch on an A100/H100; measure ``nvidia-smi`` after ``torch.zeros(1).cuda()``)
+DEFAULT_CONTEXT = 500 * MiB
+
+#: ops that CUDA autocast runs in float32 (PyTorch's AMP docs: "CUDA Ops that can autocast to
+#: float32"); on the CPU some of them stay in bfloat16/float16, so the plan lists them
+CUDA_FP32_OPS = frozenset("""
+acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow softplus
+layer_norm group_norm norm normalize cosine_similarity poisson_nll_loss cosine_embedding_loss
+nll_loss hinge_embedding_loss kl_div l1_loss smooth_l1_loss huber_loss mse_loss
+margin_ranking_loss multilabel_margin_loss soft_margin_loss triplet_margin_loss
+multi_margin_loss binary_cross_entropy_with_logits dist pdist cdist renorm logsumexp prod
+cumprod cumsum sum softmax log_softmax softmin cross_entropy
+""".split())
+
+_HELPERS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_OVERRIDES_FILE = torch.overrides.__file__
+_T = torch.Tensor
+_READS = {_T.item: "item()", _T.tolist: "tolist()", _T.__bool__: "bool()",
+          _T.__float__: "float()", _T.__int__: "int()", _T.__index__: "index",
+          _T.numpy: "numpy()", _T.__format__: "format", _T.__repr__: "print/repr",
+          _T.__array__: "numpy array"}
+_TO_HOST = {_T.cpu: "cpu()"}
+_LOW = (torch.bfloat16, torch.float16)
+
+
+class PlanError(ValueError):
+    """The script could not be planned: the message says why, and where in the script."""
+
+    def __init__(self, message: str, *, kind: str = "error", details: str = ""):
+        super().__init__(message)
+        self.kind = kind
+        self.details = details
+
+
+class _Stop(BaseException):  # noqa: N818 - not an error: ends the script's run cleanly
+    """Raised inside the script to end its run (a BaseException, so that the script's own
+    ``except Exception`` does not catch it)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeLine:
+    """A line of the user's code: file, line number and its text."""
+
+    file: str
+    line: int
+    code: str
+
+    def __str__(self) -> str:
+        return f"{_short(self.file)}:{self.line}: {self.code}"
+
+
+@dataclasses.dataclass
+class StandIn:
+    """A value the script read from a GPU tensor, answered with a stand-in."""
+
+    what: str
+    where: CodeLine
+    value: object
+    count: int = 1
+
+
+@dataclasses.dataclass
+class CardFit:
+    """One card against the measured peak."""
+
+    card: str
+    capacity_bytes: int
+    needed_bytes: int
+    fits: bool
+    drivable: bool
+    oom_at: CodeLine | None = None
+    oom_phase: str = ""
+    largest_batch: int | None = None
+    batch_capped: bool = False  # the largest batch searched (max_batch) fits: maybe more
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.needed_bytes
+
+    @property
+    def share(self) -> float:
+        return self.needed_bytes / self.capacity_bytes
+
+
+def _short(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return rel if not rel.startswith("..") else path
+
+
+def _read_rss() -> tuple[int, int]:
+    """(current, peak) resident bytes of this process, from /proc (0, 0 elsewhere)."""
+    cur = peak = 0
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    cur = int(line.split()[1]) * 1024
+                elif line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return cur, peak
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _is_cuda(device) -> bool:
+    if device is None:
+        return False
+    if isinstance(device, int) and not isinstance(device, bool):
+        return True  # .to(0) / .cuda(0): a CUDA ordinal
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        try:
+            return torch.device(device).type == "cuda"
+        except RuntimeError:
+            return False
+    return False
+
+
+def _is_cpu(device) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cpu"
+    if isinstance(device, str):
+        try:
+            return torch.device(device).type == "cpu"
+        except RuntimeError:
+            return False
+    return False
+
+
+# ---------------------------------------------------------------------------------- one run
+class _Run:
+    """One execution of the script on the planner's virtual card."""
+
+    def __init__(self, script: str, argv: list[str], *, card: str, steps: int, fake: bool,
+                 strict: bool, amp: str | None, checkpoint_every: int | None,
+                 max_forwards: int, time_limit: float, context: int):
+        self.script = os.path.abspath(script)
+        self.user_dir = os.path.dirname(self.script) + os.sep
+        self.argv = list(argv)
+        self.card = card
+        self.steps = steps
+        self.fake = fake
+        self.strict = strict
+        self.amp = amp
+        self.checkpoint_every = checkpoint_every
+        self.max_forwards = max_forwards
+        self.time_limit = time_limit
+        self.context = context
+        self.gpu = VirtualGPU(card, rounding=True, context_bytes=context, device="cpu")
+        # measure once with no limit; each card's limit is compared afterwards
+        self.gpu._allocator.limit = None
+        self.engine = self.gpu.engine
+        self.engine.propagate = True
+        self.engine.on_new_peak = self._on_new_peak
+        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+        self._fake_type = FakeTensor
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
+        self.stand_ins: dict[tuple, StandIn] = {}
+        self.saves: list[CodeLine] = []
+        self.notes: dict[str, CodeLine | None] = {}
+        self.autocast_diffs: dict[tuple, list] = {}
+        self.optimizers: list = []
+        self.n_steps = 0
+        self.n_forwards = 0
+        self._depth = 0
+        self.peak_line: CodeLine | None = None
+        self.peak_phase = ""
+        self.peak_op = ""
+        self._snapshot: list = []
+        self._snapshot_step = 0
+        self.categories: dict[str, int] = {}
+        self._crossings: dict[str, tuple[CodeLine | None, str]] = {}
+        limits = sorted((cap - context, name) for name, cap in KNOWN_GPUS.items())
+        self._limits = [(lim, name) for lim, name in limits if lim > 0]
+        self._deadline = math.inf
+        self._autocasts: list = []
+        self._ckpt_local = threading.local()
+        self.stopped = ""
+        self.rss_peak = 0
+        self.rss_start = 0
+        self.seconds = 0.0
+        self.used_workers = 0
+
+    # ------------------------------------------------------------ where in the user's code
+    def _is_user_file(self, filename: str) -> bool:
+        if filename == self.script:
+            return True
+        return (filename.startswith(self.user_dir) and not filename.startswith(_HELPERS_DIR)
+                and not filename.startswith(_TORCH_DIR) and "site-packages" not in filename)
+
+    def user_line(self, frame=None) -> CodeLine | None:
+        frame = frame if frame is not None else sys._getframe(1)
+        while frame is not None:
+            filename = os.path.abspath(frame.f_code.co_filename)
+            if self._is_user_file(filename):
+                lineno = frame.f_lineno
+                return CodeLine(filename, lineno, linecache.getline(filename, lineno).strip())
+            frame = frame.f_back
+        return None
+
+    def called_from_user(self, frame) -> bool:
+        """Is ``frame`` (skipping torch's own override plumbing) in the user's code?"""
+        while frame is not None and (frame.f_code.co_filename.startswith(_HELPERS_DIR) or
+                                     frame.f_code.co_filename == _OVERRIDES_FILE):
+            frame = frame.f_back
+        return frame is not None and self._is_user_file(
+            os.path.abspath(frame.f_code.co_filename))
+
+    # ------------------------------------------------------------ the peak
+    def _on_new_peak(self) -> None:
+        eng = self.engine
+        self._snapshot = list(eng.live.values())
+        self._snapshot_step = self.n_steps
+        self.peak_line = self.user_line(sys._getframe(1))
+        self.peak_phase = _phase_from_stack() or "elsewhere"
+        op = eng.current_op
+        self.peak_op = f"aten.{op._overloadpacket.__name__}" if hasattr(op, "_overloadpacket") \
+            else str(op or "")
+        allocated = self.gpu._allocator.allocated_bytes
+        while self._limits and allocated > self._limits[0][0]:
+            _, name = self._limits.pop(0)
+            self._crossings[name] = (self.peak_line, self.peak_phase)
+        if time.monotonic() > self._deadline:
+            raise _Stop("time")
+
+    def _classify(self) -> None:
+        """Sort the records alive at the peak into categories, by what they are now."""
+        eng = self.engine
+        params, grads, state = set(), set(), set()
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    rec = eng.lookup(p)
+                    if rec is not None:
+                        params.add(id(rec))
+                    if p.grad is not None and (rec := eng.lookup(p.grad)) is not None:
+                        grads.add(id(rec))
+            for s in opt.state.values():
+                for v in s.values():
+                    if isinstance(v, torch.Tensor) and (rec := eng.lookup(v)) is not None:
+                        state.add(id(rec))
+        out = {"parameters": 0, "gradients": 0, "optimizer state": 0, "inputs": 0,
+               "activations and temporaries": 0}
+        for rec in self._snapshot:
+            key = id(rec)
+            if key in params or rec.label == "parameters":
+                cat = "parameters"
+            elif key in grads:
+                cat = "gradients"
+            elif key in state:
+                cat = "optimizer state"
+            elif rec.label == "inputs":
+                cat = "inputs"
+            else:
+                cat = "activations and temporaries"
+            out[cat] += rec.nbytes
+        self.categories = out
+
+    # ------------------------------------------------------------ tensors onto the "GPU"
+    def on_device(self, t) -> bool:
+        if not isinstance(t, torch.Tensor):
+            return False
+        if self.fake:
+            return isinstance(t, self._fake_type)
+        return self.engine.lookup(t) is not None
+
+    def to_device(self, t: torch.Tensor, dtype=None) -> torch.Tensor:
+        if self.on_device(t):
+            return t if dtype is None else t.to(dtype)
+        if self.fake:
+            with self.fake_mode:
+                out = torch.empty_like(t, dtype=dtype or t.dtype)
+            if t.requires_grad and out.is_floating_point():
+                out.requires_grad_(True)
+        else:
+            with self.gpu.paused():
+                out = t.to(dtype=dtype or t.dtype, copy=True)
+        label = "parameters" if isinstance(t, nn.Parameter) else "inputs"
+        self.engine.adopt([out], label)
+        return out
+
+    def make_on_device(self, func, args, kwargs):
+        kwargs = dict(kwargs, device="cpu")
+        if self.fake:
+            with self.fake_mode:
+                out = func(*args, **kwargs)
+        else:
+            with self.gpu.paused():
+                out = func(*args, **kwargs)
+        self.engine.adopt([out], "inputs")
+        return out
+
+    def read(self, func, what: str, args, kwargs):
+        """A value read from a GPU tensor: a stand-in for fake tensors, listed either way."""
+        where = self.user_line(sys._getframe(2))
+        if self.strict and self.fake:
+            raise PlanError(
+                f"--strict: the script reads a value from a GPU tensor ({what}) at "
+                f"{where or 'a library call'}; fake tensors have no values. Without --strict "
+                "the planner answers with a stand-in value and lists the line.",
+                kind="strict")
+        t = args[0]
+        if not self.fake:
+            with self.gpu.paused():
+                return func(*args, **kwargs)
+        value = _stand_in(func, t)
+        key = (what, where)
+        if key in self.stand_ins:
+            self.stand_ins[key].count += 1
+        else:
+            self.stand_ins[key] = StandIn(what, where, value if not isinstance(
+                value, torch.Tensor) else f"zeros{tuple(t.shape)}")
+        if func is _T.__format__:
+            spec = args[1] if len(args) > 1 else kwargs.get("format_spec", "")
+            return format(value, spec)
+        if func is _T.__repr__:
+            return repr(value)
+        if func is _T.__array__:
+            import numpy as np
+
+            return np.asarray(value)
+        return value
+
+    def note(self, text_: str) -> None:
+        if text_ not in self.notes:
+            self.notes[text_] = self.user_line(sys._getframe(2))
+
+    # ------------------------------------------------------------ hooks
+    def _step_hook(self, optimizer, args, kwargs) -> None:
+        if not any(o is optimizer for o in self.optimizers):
+            self.optimizers.append(optimizer)
+        self.n_steps += 1
+        if self._snapshot_step == self.n_steps - 1 or not self.categories:
+            # the peak was reached during this step: its gradients and optimizer state are
+            # still alive now, so its records can be sorted into categories
+            self._classify()
+        if self.n_steps >= self.steps:
+            raise _Stop("steps")
+
+    def _forward_pre(self, module, args) -> None:
+        self._depth += 1
+        if self._depth == 1:
+            self.n_forwards += 1
+            if time.monotonic() > self._deadline:
+                raise _Stop("time")
+            if self.n_forwards > self.max_forwards and self.n_steps == 0:
+                raise _Stop("forwards")
+            if self.amp is not None and not torch.is_autocast_enabled("cpu"):
+                ac = torch.autocast("cpu", dtype=_AMP_DTYPES[self.amp])
+                ac.__enter__()
+                self._autocasts.append(ac)
+
+    def _forward_post(self, module, args, output) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self._autocasts:
+            self._autocasts.pop().__exit__(None, None, None)
+
+    # ------------------------------------------------------------ running
+    def run(self) -> None:
+        old_argv = sys.argv
+        self._deadline = time.monotonic() + self.time_limit
+        self.rss_start = _read_rss()[0]
+        rss_reset = _reset_peak_rss()
+        t0 = time.perf_counter()
+        alarm = self.time_limit < math.inf and threading.current_thread() is \
+            threading.main_thread() and hasattr(signal, "SIGALRM")
+        old_handler = None
+        if alarm:
+            def on_alarm(signum, frame):
+                raise _Stop("time")
+            old_handler = signal.signal(signal.SIGALRM, on_alarm)
+            signal.setitimer(signal.ITIMER_REAL, self.time_limit)
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(_Patches(self))
+                sys.argv = [self.script, *self.argv]
+                stack.enter_context(self.gpu)
+                stack.enter_context(_DeviceMode(self))
+                try:
+                    runpy.run_path(self.script, run_name="__main__")
+                    self.stopped = "ended"
+                except _Stop as stop:
+                    self.stopped = stop.reason
+                except SystemExit as exc:
+                    if exc.code not in (None, 0):
+                        raise PlanError(
+                            f"the script exited with status {exc.code!r} before its "
+                            f"{_nth(self.steps)} optimizer step", kind="script") from None
+                    self.stopped = "ended"
+                finally:
+                    while self._autocasts:
+                        self._autocasts.pop().__exit__(None, None, None)
+        except PlanError:
+            raise
+        except Exception as exc:  # the script's own error, or an op fake tensors cannot run
+            raise self._explain(exc) from None
+        finally:
+            if alarm:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old_handler)
+            sys.argv = old_argv
+            self.seconds = time.perf_counter() - t0
+            cur, peak = _read_rss()
+            self.rss_peak = peak if rss_reset else 0
+        if not self.categories:
+            self._classify()
+
+    def _explain(self, exc: BaseException) -> PlanError:
+        from torch._subclasses.fake_tensor import (
+            DataDependentOutputException,
+            DynamicOutputShapeException,
+            UnsupportedOperatorException,
+        )
+
+        tb = exc.__traceback__
+        user = None
+        while tb is not None:
+            filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+            if self._is_user_file(filename):
+                user = CodeLine(filename, tb.tb_lineno,
+                                linecache.getline(filename, tb.tb_lineno).strip())
+            tb = tb.tb_next
+        where = f" at {user}" if user else ""
+        if isinstance(exc, torch.OutOfMemoryError):
+            return PlanError(f"the script ran out of memory{where}: {exc}", kind="script")
+        if isinstance(exc, (UnsupportedOperatorException, DynamicOutputShapeException,
+                            DataDependentOutputException)):
+            op = getattr(exc, "func", None)
+            name = f"aten.{op._overloadpacket.__name__}" if hasattr(op, "_overloadpacket") \
+                else str(op)
+            why = ("its output's shape depends on the data" if isinstance(
+                exc, (DynamicOutputShapeException, DataDependentOutputException))
+                else "fake tensors have no implementation of it")
+            return PlanError(
+                f"the planner cannot run {name}{where}: {why}. Fake tensors have shapes but "
+                "no values. Plan the script with this line replaced by a fixed-shape "
+                "equivalent, or measure it on a real GPU.", kind="fake-op")
+        lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+        # show the user's traceback: drop the planner's and runpy's frames before the script
+        text_ = "".join(lines)
+        start = text_.find(f'File "{self.script}"')
+        if start > 0:
+            text_ = "Traceback (most recent call last):\n  " + text_[start:]
+        return PlanError(
+            f"the script raised {type(exc).__name__}{where} before its "
+            f"{_nth(self.steps)} optimizer step: {exc}", kind="script", details=text_)
+
+
+def _nth(n: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
+
+
+_AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _stand_in(func, t):
+    if func in (_T.numpy, _T.__array__, _T.tolist) or func in _TO_HOST or (
+            func is _T.__repr__ and t.dim() > 0):
+        real = torch.ones(t.shape, dtype=t.dtype) if t.dtype != torch.bool else \
+            torch.zeros(t.shape, dtype=torch.bool)
+        if func is _T.numpy or func is _T.__array__:
+            return real.numpy()
+        if func is _T.tolist:
+            return real.tolist()
+        return real
+    if t.dtype == torch.bool:
+        return bool(getattr(t, "_planner_truth", False))
+    if t.is_floating_point() or t.is_complex():
+        return 1.0
+    return 1
+
+
+class _DeviceMode(TorchFunctionMode):
+    """Sends what the script puts on the GPU to fake (or counted) tensors, and answers reads."""
+
+    def __init__(self, run: _Run):
+        super().__init__()
+        self.run = run
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        run = self.run
+        if func in _READS and args and run.on_device(args[0]):
+            return run.read(func, _READS[func], args, kwargs)
+        if func is _T.cuda:
+            t = args[0]
+            return run.to_device(t)
+        if func is _T.to:
+            return self._to(func, args, kwargs)
+        if func in _TO_HOST and run.on_device(args[0]):
+            return run.read(func, _TO_HOST[func], args, kwargs)
+        if func is _T.pin_memory:
+            return args[0]
+        if func is _T.is_pinned:
+            return False
+        if "device" in kwargs and _is_cuda(kwargs["device"]):
+            return run.make_on_device(func, args, kwargs)
+        out = func(*args, **kwargs)
+        if run.fake and isinstance(out, run._fake_type) and out.dtype == torch.bool:
+            name = getattr(func, "__name__", "")
+            if name == "isfinite":
+                out._planner_truth = True
+            elif name in ("all", "any", "logical_not", "__invert__") and args and \
+                    hasattr(args[0], "_planner_truth"):
+                truth = args[0]._planner_truth
+                out._planner_truth = (not truth) if name in ("logical_not", "__invert__") \
+                    else truth
+        if torch.is_autocast_enabled("cpu") and isinstance(out, torch.Tensor) and \
+                out.dtype in _LOW:
+            name = getattr(func, "__name__", "")
+            if name in CUDA_FP32_OPS:
+                where = run.user_line(sys._getframe(1))
+                key = (name, where)
+                entry = run.autocast_diffs.setdefault(key, [0, 0])
+                entry[0] += 1
+                entry[1] += out.numel() * 2  # bytes the fp32 output adds on CUDA
+        return out
+
+    def _to(self, func, args, kwargs):
+        run = self.run
+        t = args[0]
+        try:
+            device, dtype, _non_blocking, _fmt = torch._C._nn._parse_to(*args[1:], **kwargs)
+        except (TypeError, RuntimeError):
+            device, dtype = None, None
+            for a in args[1:]:
+                if isinstance(a, torch.Tensor):
+                    device, dtype = a.device, a.dtype
+        dev = kwargs.get("device", device)
+        for a in args[1:]:
+            if isinstance(a, (str, torch.device, int)) and not isinstance(a, bool):
+                dev = a
+        if _is_cuda(dev):
+            return run.to_device(t, dtype)
+        if _is_cpu(dev) and run.on_device(t) and run.called_from_user(sys._getframe(1)):
+            # the user's code moving a GPU tensor to the host; a library's `.to(t.device)`
+            # on a fake tensor (which reports "cpu") is a no-op, as it is on the GPU
+            return run.read(func, "to('cpu')", args, kwargs)
+        return func(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------- patches
+class _Stream:
+    """``torch.accelerator.current_stream()`` / ``torch.cuda.current_stream()`` on the planner's
+    card: one stream, never capturing a graph, nothing to wait for."""
+
+    device = torch.device("cuda", 0)
+
+    def is_capturing(self) -> bool:
+        return False
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        return event
+
+
+class _Patches:
+    """Everything the script sees differently while it is planned; all restored on exit."""
+
+    def __init__(self, run: _Run):
+        self.run = run
+        self._saved: list[tuple[object, str, object]] = []
+        self._handles: list = []
+        self._cuda = None
+
+    def _set(self, owner, name, value) -> None:
+        self._saved.append((owner, name, owner.__dict__.get(name, getattr(owner, name, None))))
+        setattr(owner, name, value)
+
+    def __enter__(self):
+        run = self.run
+        try:
+            self._cuda = SimulatedCuda(run.gpu)
+            self._cuda.__enter__()
+            self._patch_accelerator()
+            self._patch_autocast()
+            self._patch_save_and_compile()
+            self._patch_loader()
+            self._patch_foreach()
+            self._patch_distributed()
+            if run.checkpoint_every:
+                self._patch_sequential()
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._handles.append(register_optimizer_step_post_hook(run._step_hook))
+            self._handles.append(nn.modules.module.register_module_forward_pre_hook(
+                run._forward_pre))
+            self._handles.append(nn.modules.module.register_module_forward_hook(
+                run._forward_post, always_call=True))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        for handle in reversed(self._handles):
+            handle.remove()
+        self._handles.clear()
+        for owner, name, value in reversed(self._saved):
+            setattr(owner, name, value)
+        self._saved.clear()
+        if self._cuda is not None:
+            self._cuda.__exit__(None, None, None)
+            self._cuda = None
+        return False
+
+    def _patch_accelerator(self) -> None:
+        acc = getattr(torch, "accelerator", None)
+        if acc is None:
+            return
+        gpu = self.run.gpu
+        answers = {
+            "is_available": lambda: True,
+            "device_count": lambda: 1,
+            "current_accelerator": lambda check_available=False: torch.device("cuda"),
+            "current_device_index": lambda: 0,
+            "current_device_idx": lambda: 0,
+            "set_device_index": lambda device, /: None,
+            "set_device_idx": lambda device, /: None,
+            "synchronize": lambda device=None, /: None,
+            "empty_cache": lambda: None,
+            "memory_allocated": lambda device_index=None, /: gpu.allocated_bytes,
+            "max_memory_allocated": lambda device_index=None, /: gpu.peak_allocated_bytes,
+            "memory_reserved": lambda device_index=None, /: gpu.reserved_bytes,
+            "max_memory_reserved": lambda device_index=None, /: gpu.peak_reserved_bytes,
+            "reset_peak_memory_stats": lambda device_index=None, /: gpu.reset_peak(),
+            "get_memory_info": lambda device_index=None, /: (gpu.free_bytes,
+                                                              gpu.capacity_bytes),
+            "current_stream": lambda device=None, /: _Stream(),
+        }
+        for name, fn in answers.items():
+            if hasattr(acc, name):
+                self._set(acc, name, fn)
+        for name in ("current_stream", "default_stream"):
+            self._set(torch.cuda, name, lambda device=None: _Stream())
+
+    def _patch_autocast(self) -> None:
+        run = self.run
+        cls = torch.amp.autocast_mode.autocast
+        original = cls.__init__
+
+        def __init__(ac, device_type, dtype=None, enabled=True, cache_enabled=None):  # noqa: N807
+            if device_type == "cuda":
+                run.note(f"torch.autocast('cuda', {_dtype_name(dtype or torch.float16)}) ran "
+                         "as CPU autocast with that dtype; its op lists differ (see the "
+                         "autocast list)")
+                device_type, dtype = "cpu", dtype or torch.float16
+            original(ac, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+        self._set(cls, "__init__", __init__)
+
+    def _patch_save_and_compile(self) -> None:
+        run = self.run
+
+        def save(obj, f, *args, **kwargs):
+            run.saves.append(run.user_line(sys._getframe(1)))
+
+        def compile_(model=None, *args, **kwargs):
+            run.note("torch.compile was skipped: the plan is for eager mode (compiled code "
+                     "often needs less memory)")
+            if model is None:
+                return lambda m: m
+            return model
+
+        self._set(torch, "save", save)
+        self._set(torch, "compile", compile_)
+
+    def _patch_loader(self) -> None:
+        run = self.run
+        cls = torch.utils.data.DataLoader
+        original = cls.__init__
+
+        def __init__(loader, dataset, *args, **kwargs):  # noqa: N807
+            workers = kwargs.get("num_workers", 0)
+            if workers:
+                run.used_workers = max(run.used_workers, workers)
+                run.note(f"DataLoader(num_workers={workers}) ran with num_workers=0 (the same "
+                         "batches; the planner keeps the data in this process)")
+                kwargs["num_workers"] = 0
+                kwargs.pop("prefetch_factor", None)
+                kwargs["persistent_workers"] = False
+            if kwargs.get("pin_memory"):
+                run.note("DataLoader(pin_memory=True) ran without pinned memory (it only "
+                         "speeds up copies; GPU memory is the same)")
+                kwargs["pin_memory"] = False
+            original(loader, dataset, *args, **kwargs)
+
+        self._set(cls, "__init__", __init__)
+
+    def _patch_foreach(self) -> None:
+        import torch.optim.optimizer as optimizer_module
+        import torch.utils._foreach_utils as foreach_utils
+
+        original = foreach_utils._get_foreach_kernels_supported_devices
+
+        def supported():  # CUDA's default: Adam, SGD and clip_grad_norm_ use foreach kernels
+            return [*original(), "cpu"]
+
+        self._set(foreach_utils, "_get_foreach_kernels_supported_devices", supported)
+        self._set(optimizer_module, "_get_foreach_kernels_supported_devices", supported)
+        if self.run.fake:  # fake parameters take the foreach paths too
+            for module in (foreach_utils, optimizer_module):
+                types = [*module._foreach_supported_types, self.run._fake_type]
+                self._set(module, "_foreach_supported_types", types)
+
+    def _patch_distributed(self) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return
+
+        def init_process_group(*args, **kwargs):
+            raise PlanError(
+                "the script starts a process group (torch.distributed.init_process_group): "
+                "plan it as one process (without torchrun, so that it skips that branch) and "
+                "give --ddp N for the memory of each of N ranks", kind="ddp")
+
+        self._set(dist, "init_process_group", init_process_group)
+
+    def _patch_sequential(self) -> None:
+        run = self.run
+        every = run.checkpoint_every
+        original = nn.Sequential.forward
+        from torch.utils.checkpoint import checkpoint_sequential
+
+        def forward(seq, input):  # noqa: A002 - nn.Sequential's own argument name
+            local = run._ckpt_local
+            if getattr(local, "inside", False) or len(seq) < 2 or not seq.training or \
+                    not torch.is_grad_enabled():
+                return original(seq, input)
+            local.inside = True
+            try:
+                # checkpoint_sequential's segments have len // segments children each
+                # (the last one runs without a checkpoint): K children per checkpoint
+                segments = max(1, len(seq) // every)
+                return checkpoint_sequential(seq, segments, input, use_reentrant=False)
+            finally:
+                local.inside = False
+
+        self._set(nn.Sequential, "forward", forward)
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype)
+
+
+# ---------------------------------------------------------------------------------- the plan
+@dataclasses.dataclass(repr=False)
+class Plan(ShownAsTable):
+    """What the planner found: see :func:`will_it_fit`."""
+
+    script: str
+    args: list
+    card: str
+    steps: int
+    stopped: str
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    context_bytes: int
+    categories: dict
+    peak_phase: str
+    peak_line: CodeLine | None
+    peak_op: str
+    stand_ins: list
+    saves: list
+    notes: dict
+    autocast_differences: list
+    cards: list
+    host_peak_bytes: int
+    seconds: float
+    fixes: dict = dataclasses.field(default_factory=dict)
+    batch_arg: str | None = None
+    ddp: int | None = None
+    ddp_bucket_bytes: int = 0
+    parameter_bytes: int = 0
+    torch_cuda: str | None = None
+    workers: int = 0
+    batch_runs: int = 0
+
+    @property
+    def needed_bytes(self) -> int:
+        """Peak allocated + the context allowance: what a card must have."""
+        return self.peak_allocated_bytes + self.context_bytes + self.ddp_extra_bytes
+
+    @property
+    def ddp_extra_bytes(self) -> int:
+        return self.ddp_bucket_bytes if self.ddp else 0
+
+    def card_fit(self, card: str) -> CardFit:
+        name = card_name(card)
+        for c in self.cards:
+            if c.card == name:
+                return c
+        raise ValueError(f"card {card!r} is not in this plan")
+
+    @property
+    def smallest_card(self) -> str | None:
+        """The smallest card that fits and that this torch build can drive."""
+        fitting = [c for c in self.cards if c.fits and c.drivable]
+        return min(fitting, key=lambda c: c.capacity_bytes).card if fitting else None
+
+    def table(self) -> Table:
+        rows = []
+        for c in self.cards:
+            verdict = "fits" if c.fits else "out of memory"
+            if not c.drivable:
+                verdict += " (this torch cannot drive it)"
+            row = [c.card, fmt_bytes(c.capacity_bytes), f"{c.share:.0%}", verdict,
+                   fmt_bytes(c.headroom_bytes) if c.fits else "-"]
+            if self.batch_arg:
+                row.append("-" if c.largest_batch is None else
+                           f"{'>= ' if c.batch_capped else ''}{c.largest_batch}")
+            rows.append(row)
+        headers = ["card", "capacity", "needs", "verdict", "headroom"]
+        if self.batch_arg:
+            headers.append(f"largest {self.batch_arg}")
+        return Table(headers, rows, title=f"{_short(self.script)} on each card")
+
+    def text(self) -> str:
+        return "\n".join(self._lines())
+
+    def _lines(self) -> list[str]:
+        out = [f"Plan for {_short(self.script)} {' '.join(self.args)}".rstrip(),
+               f"  ran until {self._stopped_text()} in {self.seconds:.1f} s on a virtual "
+               f"{self.card} with fake tensors",
+               f"  peak: {fmt_bytes(self.peak_allocated_bytes)} allocated "
+               f"({fmt_bytes(self.peak_reserved_bytes)} reserved by the caching allocator) "
+               f"+ {fmt_bytes(self.context_bytes)} context allowance"]
+        if self.ddp:
+            out.append(f"  DDP with {self.ddp} ranks: + {fmt_bytes(self.ddp_bucket_bytes)} "
+                       "of gradient buckets per rank (gradient_as_bucket_view=False); NCCL's "
+                       "buffers lie outside PyTorch's allocator and are not counted")
+        out.append(f"  = {fmt_bytes(self.needed_bytes)} per GPU")
+        out.append(f"  at the peak: {self.peak_phase}, {self.peak_op}, line "
+                   f"{self.peak_line or '(not in the script)'}")
+        total = sum(self.categories.values()) or 1
+        for cat, n in self.categories.items():
+            if n:
+                out.append(f"    {cat:<28} {fmt_bytes(n):>12}  {n / total:4.0%}")
+        out.append("")
+        out.append(self.table().text())
+        for c in self.cards:
+            if not c.fits and c.oom_at is not None:
+                phase = _PHASE_TEXT.get(c.oom_phase, "")
+                out.append(f"  {c.card}: out of memory {phase} at {c.oom_at}".replace(
+                    "  at", " at"))
+        if self.fixes:
+            out.append("")
+            out.append("Predicted peak with fixes the planner applied (script unchanged):")
+            for name, peak in self.fixes.items():
+                out.append(f"  {name:<28} {fmt_bytes(peak + self.context_bytes)} "
+                           f"({(peak - self.peak_allocated_bytes) / self.peak_allocated_bytes:+.0%}"
+                           " allocated)")
+        if self.stand_ins:
+            out.append("")
+            out.append("Values read from GPU tensors (answered with stand-ins):")
+            for s in self.stand_ins:
+                out.append(f"  {s.where or '(library)'}  [{s.what} -> {s.value!r}, "
+                           f"{s.count}x]")
+        if self.saves:
+            out.append("torch.save calls skipped:")
+            for line in self.saves:
+                out.append(f"  {line or '(library)'}")
+        if self.autocast_differences:
+            out.append("Autocast ops that CUDA would run in float32 (CPU kept them in low "
+                       "precision):")
+            for name, where, count, extra in self.autocast_differences:
+                out.append(f"  {name} at {where or '(library)'}: {count}x, CUDA's float32 "
+                           f"outputs add up to {fmt_bytes(extra)} more")
+        if self.notes:
+            out.append("Notes:")
+            for note, where in self.notes.items():
+                out.append(f"  {note}" + (f" ({_short(where.file)}:{where.line})"
+                                          if where else ""))
+        return out
+
+    def _stopped_text(self) -> str:
+        return {"steps": f"its {_nth(self.steps)} optimizer step",
+                "ended": "the end of the script"}.get(self.stopped, self.stopped)
+
+    def slurm(self, *, card: str | None = None, time_limit: str = "01:00:00") -> str:
+        """A SLURM batch script for the smallest card that fits (or ``card``), each line
+        with its reason; lines marked ``SITE`` use names that differ between clusters."""
+        fit = self.card_fit(card) if card is not None else None
+        if fit is None:
+            name = self.smallest_card
+            if name is None:
+                raise ValueError("no known card fits this script as it is: apply a fix "
+                                 "(a smaller batch, --amp, --checkpoint-every) first")
+            fit = self.card_fit(name)
+        if not fit.drivable:
+            raise ValueError(f"{fit.card} cannot run this torch build: pick another card")
+        n = self.ddp or 1
+        gres = fit.card.split("-")[0].lower()
+        if self.host_peak_bytes:
+            mem_gib = max(4, math.ceil(2 * self.host_peak_bytes * n / GiB))
+            mem_why = (f"host memory: 2 x the {fmt_bytes(self.host_peak_bytes)} this plan "
+                       f"measured{' per rank' if n > 1 else ''} (the real run also holds the "
+                       "CUDA context's host side and pinned buffers)")
+        else:
+            mem_gib = 16
+            mem_why = "SITE-SPECIFIC GUESS: host memory was not measured here"
+        cpus = (self.workers or 3) + 1
+        cpu_why = (f"the DataLoader's {self.workers} workers + the main process" if self.workers
+                   else "a GUESS: the script uses no DataLoader workers; 3 more cores help "
+                   "if it loads data")
+        args = " ".join(_quote(a) for a in self.args)
+        launch = (f"torchrun --standalone --nproc_per_node={n} {_short(self.script)} {args}"
+                  if n > 1 else f"python {_short(self.script)} {args}").rstrip()
+        directives = [
+            ("--job-name=train", "any name"),
+            ("--nodes=1", f"one node{f': {n} GPUs on it' if n > 1 else ''}"),
+            ("--ntasks-per-node=1",
+             "one launcher" + (" (torchrun starts the ranks)" if n > 1 else "")),
+            (f"--gpus-per-node={n}", f"SITE: some clusters want --gres=gpu:{gres}:{n}"),
+            (f"--constraint={gres}", f"SITE: your cluster's feature (or partition) name for "
+             f"the {fit.card}: {fit.share:.0%} of it needed, {fmt_bytes(fit.headroom_bytes)} "
+             "headroom"),
+            (f"--cpus-per-task={cpus * n}", cpu_why),
+            (f"--mem={mem_gib}G", mem_why),
+            (f"--time={time_limit}", "your estimate: the planner does not time training"),
+        ]
+        width = max(len(d) for d, _ in directives) + len("#SBATCH ") + 2
+        lines = ["#!/bin/bash"]
+        lines += [f"{'#SBATCH ' + d:<{width}}# {why}" for d, why in directives]
+        lines += ["", f"{'module load cuda':<{width}}# SITE: or your site's PyTorch module",
+                  f"srun {launch}"]
+        return "\n".join(lines) + "\n"
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["needed_bytes"] = self.needed_bytes
+        d["smallest_card"] = self.smallest_card
+        return d
+
+
+_PHASE_TEXT = {"forward": "in the forward pass", "backward": "in the backward pass",
+               "optimizer": "in the optimizer step"}
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+# ---------------------------------------------------------------------------------- checks
+def _check_script(script) -> str:
+    if not isinstance(script, (str, os.PathLike)):
+        raise TypeError(f"script must be the path of a Python file (a str), got "
+                        f"{type(script).__name__}")
+    path = os.fspath(script)
+    if not os.path.isfile(path):
+        raise PlanError(f"script {path!r} does not exist (or is not a file): give the path "
+                        "of your training script, e.g. `python -m helpers.fit train.py`",
+                        kind="missing")
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanError(f"script {path!r} cannot be read: {exc}", kind="missing") from None
+    uses_torch = re.search(r"^\s*(import torch|from torch)", source, re.M)
+    uses_tf = re.search(r"^\s*(import tensorflow|from tensorflow|import keras|from keras)",
+                        source, re.M)
+    if uses_tf and not uses_torch:
+        raise PlanError(
+            f"{path} is a TensorFlow/Keras script: the planner runs PyTorch scripts. For "
+            "Keras, measure the step with helpers.measure_keras_step (lesson 05b) or fit a "
+            "memory line with helpers.measure_keras_memory (lesson 08b).", kind="tensorflow")
+    return os.path.abspath(path)
+
+
+def _check_card(gpu) -> str:
+    if not isinstance(gpu, str):
+        raise TypeError(f"gpu must be a card name (str), one of {', '.join(KNOWN_GPUS)}; "
+                        f"got {type(gpu).__name__}")
+    try:
+        name, _ = resolve_capacity(gpu)
+    except ValueError:
+        name = None
+    if name is None or name not in KNOWN_GPUS:
+        raise ValueError(f"gpu={gpu!r} is not a known card; known cards: "
+                         f"{', '.join(KNOWN_GPUS)}")
+    return name
+
+
+def _drivable(card: str, arch_list=None, cuda_version=None) -> bool:
+    """Can this torch build run on ``card``?  A CUDA build lists its architectures
+    (``sm_80``: binary code for 8.0-8.x; ``compute_90``: PTX for 9.0 and newer). A CPU build
+    is judged as PyPI's CUDA build of the same torch: CUDA 13 has no Volta (7.0)."""
+    major, minor = COMPUTE_CAPABILITY[card]
+    cc = major * 10 + minor
+    if arch_list is None:
+        arch_list = torch.cuda.get_arch_list() if torch.version.cuda else []
+    cuda_version = torch.version.cuda if cuda_version is None else cuda_version
+    if arch_list:
+        for a in arch_list:
+            kind, _, num = a.partition("_")
+            if not num.isdigit():
+                continue
+            n = int(num)
+            if kind == "sm" and n // 10 == major and n <= cc:
+                return True
+            if kind == "compute" and n <= cc:
+                return True
+        return False
+    cuda_major = int(str(cuda_version).split(".")[0]) if cuda_version else 13
+    return cc >= (75 if cuda_major >= 13 else 50)
+
+
+def _batch_argv(argv: list[str], name: str, value: int) -> list[str]:
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a == name and i + 1 < len(out):
+            out[i + 1] = str(value)
+            return out
+        if a.startswith(name + "="):
+            out[i] = f"{name}={value}"
+            return out
+    return [*out, name, str(value)]
+
+
+def _batch_value(argv: list[str], name: str) -> int | None:
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv) and argv[i + 1].isdigit():
+            return int(argv[i + 1])
+        if a.startswith(name + "=") and a.split("=", 1)[1].isdigit():
+            return int(a.split("=", 1)[1])
+    return None
+
+
+# ---------------------------------------------------------------------------------- API
+def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
+                strict: bool = False, batch_arg: str | None = None, multiple_of: int = 8,
+                max_batch: int = 65536, amp: str | None = None,
+                checkpoint_every: int | None = None, ddp: int | None = None,
+                gradient_as_bucket_view: bool = False, context=DEFAULT_CONTEXT,
+                max_forwards: int = 50, time_limit: float = 600.0,
+                fake: bool = True) -> Plan:
+    """Plan a GPU job from an unmodified PyTorch training script (``python -m helpers.fit``).
+
+    Args:
+        script: path of the training script; it runs as ``__main__`` in this process.
+        args: the script's own command-line arguments (a list of strings).
+        gpu: the card the script sees (``torch.cuda.get_device_name()``, ``mem_get_info``...);
+            one of ``KNOWN_GPUS``. The peak is compared with every known card either way.
+        steps: stop after this many optimizer steps (default 2: Adam's state exists from
+            the first; the second is the steady state).
+        strict: stop at the first value the script reads from a GPU tensor instead of
+            answering it with a stand-in.
+        batch_arg: the script's batch-size option (e.g. ``"--batch-size"``): also find the
+            largest batch that fits each card, re-running the script.
+        multiple_of: batch sizes searched are multiples of this (default 8).
+        max_batch: the largest batch size searched.
+        amp: ``"bf16"`` or ``"fp16"``: also predict the peak with autocast around the top
+            model's forward.
+        checkpoint_every: also predict the peak with activation checkpointing of every
+            ``nn.Sequential`` (one checkpoint per this many children).
+        ddp: also plan each rank of this many DDP processes (the script's batch per rank).
+        gradient_as_bucket_view: DDP's option: True puts the gradients in the buckets
+            (about no extra memory); False (DDP's default) adds a copy of the gradients.
+        context: memory a card loses to the CUDA context (bytes or a size; 500 MiB).
+        max_forwards: stop a script that never calls ``optimizer.step()`` after this many
+            forward passes of its model (then a PlanError says so).
+        time_limit: seconds one run of the script may take.
+        fake: True (default): fake tensors (full scale, nothing computed). False: real CPU
+            tensors counted the same way (a reference run at small sizes, for tests).
+
+    Returns:
+        A :class:`Plan`: ``peak_allocated_bytes``, ``categories``, ``peak_line``, ``cards``
+        (fits, headroom, the line at the out-of-memory error, largest batch), ``stand_ins``,
+        ``saves``, ``fixes``, ``slurm()``, ``text()``.
+
+    Raises:
+        PlanError (a ValueError): the script is missing, is TensorFlow, raises its own error
+            (``.details`` holds its traceback), never calls ``optimizer.step()``, uses an
+            operation fake tensors cannot run, or reads a value under ``strict``.
+        TypeError, ValueError: an argument is of the wrong kind or out of range.
+    """
+    path = _check_script(script)
+    if isinstance(args, str) or not all(isinstance(a, str) for a in args):
+        raise TypeError("args must be a list of strings (the script's arguments), e.g. "
+                        "['--batch-size', '64']")
+    card = _check_card(gpu)
+    steps = positive_int(steps, "steps", 1000)
+    strict = flag(strict, "strict")
+    fake = flag(fake, "fake")
+    if batch_arg is not None:
+        batch_arg = text(batch_arg, "batch_arg")
+        if not batch_arg.startswith("-"):
+            raise ValueError(f"batch_arg must be the script's option, such as '--batch-size' "
+                             f"(got {batch_arg!r})")
+    multiple_of = positive_int(multiple_of, "multiple_of", 4096)
+    max_batch = positive_int(max_batch, "max_batch")
+    if amp is not None:
+        amp = choice(amp, "amp", list(_AMP_DTYPES))
+    if checkpoint_every is not None:
+        checkpoint_every = positive_int(checkpoint_every, "checkpoint_every", 10_000)
+    if ddp is not None:
+        ddp = whole_number(ddp, "ddp", 1, 1024)
+    gradient_as_bucket_view = flag(gradient_as_bucket_view, "gradient_as_bucket_view")
+    context = resolve_capacity(context, what="context", allow_zero=True)[1]
+    max_forwards = positive_int(max_forwards, "max_forwards", 100_000)
+    time_limit = real_number(time_limit, "time_limit", minimum=0.1)
+    args = list(args)
+
+    def run_once(argv, *, amp_=None, ckpt=None) -> _Run:
+        r = _Run(path, argv, card=card, steps=steps, fake=fake, strict=strict, amp=amp_,
+                 checkpoint_every=ckpt, max_forwards=max_forwards, time_limit=time_limit,
+                 context=context)
+        r.run()
+        if r.stopped == "forwards":
+            raise PlanError(
+                f"the script never called optimizer.step() in {max_forwards} forward passes "
+                "of its model: the planner plans training steps. (It stopped after those "
+                f"forward passes; the peak so far was {fmt_bytes(r.gpu.peak_allocated_bytes)}.)",
+                kind="no-step")
+        if r.stopped == "time":
+            raise PlanError(
+                f"the script did not reach its {_nth(steps)} optimizer step within "
+                f"time_limit={time_limit:g} s (it made {r.n_steps}); the peak so far was "
+                f"{fmt_bytes(r.gpu.peak_allocated_bytes)}", kind="no-step")
+        if r.n_steps == 0:
+            raise PlanError("the script ended without calling optimizer.step(): the planner "
+                            "plans training steps", kind="no-step")
+        return r
+
+    main = run_once(args)
+    params = {}
+    for opt in main.optimizers:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    params[id(p)] = p.numel() * p.element_size()
+    param_bytes = sum(params.values())
+    plan = Plan(
+        script=path, args=args, card=card, steps=steps, stopped=main.stopped,
+        peak_allocated_bytes=main.gpu.peak_allocated_bytes,
+        peak_reserved_bytes=main.gpu.peak_reserved_bytes, context_bytes=context,
+        categories=main.categories, peak_phase=main.peak_phase, peak_line=main.peak_line,
+        peak_op=main.peak_op, stand_ins=list(main.stand_ins.values()), saves=main.saves,
+        notes=main.notes,
+        autocast_differences=[(name, where, c, extra) for (name, where), (c, extra)
+                              in main.autocast_diffs.items()],
+        cards=[], host_peak_bytes=main.rss_peak, seconds=main.seconds, batch_arg=batch_arg,
+        ddp=ddp, ddp_bucket_bytes=0 if gradient_as_bucket_view else param_bytes,
+        parameter_bytes=param_bytes, torch_cuda=torch.version.cuda,
+        workers=main.used_workers)
+    for name, cap in KNOWN_GPUS.items():
+        line, phase = main._crossings.get(name, (None, ""))
+        needed = plan.needed_bytes
+        plan.cards.append(CardFit(card=name, capacity_bytes=cap, needed_bytes=needed,
+                                  fits=needed <= cap, drivable=_drivable(name),
+                                  oom_at=line, oom_phase=phase))
+    if amp is not None:
+        plan.fixes[f"--amp {amp}"] = run_once(args, amp_=amp).gpu.peak_allocated_bytes
+    if checkpoint_every is not None:
+        plan.fixes[f"--checkpoint-every {checkpoint_every}"] = run_once(
+            args, ckpt=checkpoint_every).gpu.peak_allocated_bytes
+    if batch_arg is not None:
+        _search_batches(plan, args, batch_arg, multiple_of, max_batch,
+                        lambda argv: run_once(argv).gpu.peak_allocated_bytes)
+    return plan
+
+
+def _search_batches(plan: Plan, args, name, multiple_of, max_batch, measure) -> None:
+    """The largest batch (a multiple of ``multiple_of``) that fits each card. Two runs fit a
+    line through the peaks; each card's search starts at the line's prediction and brackets
+    it (one size that fits, the next that does not) by re-running the script; every size
+    is run at most once for all cards together."""
+    memo: dict[int, int] = {}
+    extra = plan.context_bytes + plan.ddp_extra_bytes
+    top = max_batch // multiple_of * multiple_of
+
+    def needed(b: int) -> int:
+        if b not in memo:
+            memo[b] = measure(_batch_argv(args, name, b)) + extra
+        return memo[b]
+
+    given = _batch_value(args, name)
+    a = max(multiple_of, min(top, (given or 32) // multiple_of * multiple_of))
+    b = a + max(multiple_of, a // multiple_of * multiple_of)
+    na, nb = needed(a), needed(b)
+    if nb <= na:
+        raise PlanError(f"changing {name} from {a} to {b} did not change the peak: is it the "
+                        "script's batch-size option, and is the data set larger than the "
+                        "batch?", kind="batch-arg")
+    slope = (nb - na) / (b - a)
+    saturated: set[int] = set()
+    for c in plan.cards:
+        cap = c.capacity_bytes
+        x = int((cap - na) / slope + a) // multiple_of * multiple_of
+        x = min(max(x, multiple_of), top)
+        lo = hi = None  # largest size known to fit, smallest known not to
+        step = multiple_of
+        if needed(x) <= cap:
+            lo = x
+            while lo + step <= top:
+                if needed(lo + step) == needed(lo):
+                    saturated.add(lo)  # more did not cost more: the batch stopped growing
+                    break
+                if needed(lo + step) <= cap:
+                    lo, step = lo + step, step * 2
+                else:
+                    hi = lo + step
+                    break
+        else:
+            hi = x
+            while hi - step >= multiple_of:
+                if needed(hi - step) <= cap:
+                    lo = hi - step
+                    break
+                hi, step = hi - step, step * 2
+        while lo is not None and hi is not None and hi - lo > multiple_of:
+            mid = (lo + hi) // 2 // multiple_of * multiple_of
+            if needed(mid) <= cap:
+                lo = mid
+            else:
+                hi = mid
+        half = (lo or 0) // 2 // multiple_of * multiple_of
+        if lo is not None and lo > b and half >= multiple_of and needed(lo) <= needed(half):
+            saturated.add(half)  # twice the batch cost nothing more: the data set limits it
+            lo = None
+        c.largest_batch = lo
+        c.batch_capped = lo is not None and lo + multiple_of > top
+    plan.batch_runs = len(memo)
+    if saturated:
+        plan.notes[f"beyond {name} {min(saturated)}, a larger {name} did not change the "
+                   "peak: the data set (or the script) limits the batch, so cards with room "
+                   "for more show no largest batch"] = None
