@@ -20,8 +20,9 @@ How it works (the "device-scoped full scale" of the kit's memory engine):
   the ops whose dtype would differ on CUDA are listed); ``GradScaler("cuda")`` works; Adam
   and gradient clipping take their ``foreach`` paths, as on CUDA.
 * Values read from GPU tensors (``loss.item()``, ``print(loss)``, ``if torch.isnan(loss)``)
-  get stand-in values (1.0, 1, ``False``; ``True`` for ``isfinite``), and each file and line
-  that asked is listed (``strict=True`` stops at the first one). ``torch.save`` is skipped
+  get stand-in values (1.0 or 1 for a number, ``False`` for a truth value but ``True`` for
+  ``isfinite``, zeros for a tensor copied to the host), and each file and line that asked is
+  listed (``strict=True`` stops at the first one). ``torch.save`` is skipped
   and listed; DataLoaders run with ``num_workers=0`` and without pinned memory.
 * The run stops cleanly after the script's ``steps``-th optimizer step (default 2: Adam's
   state exists from the first step, so the second is the steady state).
@@ -255,7 +256,6 @@ class _Run:
         self.peak_phase = ""
         self.peak_op = ""
         self._snapshot: list = []
-        self._snapshot_step = 0
         self.categories: dict[str, int] = {}
         self._crossings: dict[str, tuple[CodeLine | None, str]] = {}
         limits = sorted((cap - context, name) for name, cap in KNOWN_GPUS.items())
@@ -268,6 +268,7 @@ class _Run:
         self.rss_start = 0
         self.seconds = 0.0
         self.used_workers = 0
+        self.script_ddp = False  # the script wraps its model in DDP itself
 
     # ------------------------------------------------------------ where in the user's code
     def _is_user_file(self, filename: str) -> bool:
@@ -298,7 +299,6 @@ class _Run:
     def _on_new_peak(self) -> None:
         eng = self.engine
         self._snapshot = list(eng.live.values())
-        self._snapshot_step = self.n_steps
         self.peak_line = self.user_line(sys._getframe(1))
         self.peak_phase = _phase_from_stack() or "elsewhere"
         op = eng.current_op
@@ -311,36 +311,31 @@ class _Run:
         if time.monotonic() > self._deadline:
             raise _Stop("time")
 
-    def _classify(self) -> None:
-        """Sort the records alive at the peak into categories, by what they are now."""
-        eng = self.engine
-        params, grads, state = set(), set(), set()
+    def _label_step_tensors(self) -> None:
+        """After each optimizer step: the records of the gradients and the optimizer state are
+        labelled as such (records are shared with the peak's snapshot, so a peak reached in a
+        later forward pass still knows the last step's gradients)."""
+        lookup = self.engine.lookup
         for opt in self.optimizers:
             for group in opt.param_groups:
                 for p in group["params"]:
-                    rec = eng.lookup(p)
-                    if rec is not None:
-                        params.add(id(rec))
-                    if p.grad is not None and (rec := eng.lookup(p.grad)) is not None:
-                        grads.add(id(rec))
-            for s in opt.state.values():
-                for v in s.values():
-                    if isinstance(v, torch.Tensor) and (rec := eng.lookup(v)) is not None:
-                        state.add(id(rec))
+                    if (rec := lookup(p)) is not None:
+                        rec.label = "parameters"
+                    if p.grad is not None and (rec := lookup(p.grad)) is not None \
+                            and rec.label != "parameters":
+                        rec.label = "gradients"
+            for state in opt.state.values():
+                for v in state.values():
+                    if isinstance(v, torch.Tensor) and (rec := lookup(v)) is not None \
+                            and rec.label not in ("parameters", "gradients"):
+                        rec.label = "optimizer state"
+
+    def _classify(self) -> None:
+        """Sort the records alive at the peak into categories, by their labels."""
         out = {"parameters": 0, "gradients": 0, "optimizer state": 0, "inputs": 0,
                "activations and temporaries": 0}
         for rec in self._snapshot:
-            key = id(rec)
-            if key in params or rec.label == "parameters":
-                cat = "parameters"
-            elif key in grads:
-                cat = "gradients"
-            elif key in state:
-                cat = "optimizer state"
-            elif rec.label == "inputs":
-                cat = "inputs"
-            else:
-                cat = "activations and temporaries"
+            cat = rec.label if rec.label in out else "activations and temporaries"
             out[cat] += rec.nbytes
         self.categories = out
 
@@ -418,10 +413,7 @@ class _Run:
         if not any(o is optimizer for o in self.optimizers):
             self.optimizers.append(optimizer)
         self.n_steps += 1
-        if self._snapshot_step == self.n_steps - 1 or not self.categories:
-            # the peak was reached during this step: its gradients and optimizer state are
-            # still alive now, so its records can be sorted into categories
-            self._classify()
+        self._label_step_tensors()
         if self.n_steps >= self.steps:
             raise _Stop("steps")
 
@@ -490,8 +482,7 @@ class _Run:
             self.seconds = time.perf_counter() - t0
             cur, peak = _read_rss()
             self.rss_peak = peak if rss_reset else 0
-        if not self.categories:
-            self._classify()
+        self._classify()
 
     def _explain(self, exc: BaseException) -> PlanError:
         from torch._subclasses.fake_tensor import (
@@ -544,8 +535,7 @@ _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def _stand_in(func, t):
     if func in (_T.numpy, _T.__array__, _T.tolist) or func in _TO_HOST or (
             func is _T.__repr__ and t.dim() > 0):
-        real = torch.ones(t.shape, dtype=t.dtype) if t.dtype != torch.bool else \
-            torch.zeros(t.shape, dtype=torch.bool)
+        real = torch.zeros(t.shape, dtype=t.dtype)  # a tensor copied to the host: zeros
         if func is _T.numpy or func is _T.__array__:
             return real.numpy()
         if func is _T.tolist:
@@ -739,10 +729,11 @@ class _Patches:
         original = cls.__init__
 
         def __init__(ac, device_type, dtype=None, enabled=True, cache_enabled=None):  # noqa: N807
-            if device_type == "cuda":
+            if device_type == "cuda" and enabled:
                 run.note(f"torch.autocast('cuda', {_dtype_name(dtype or torch.float16)}) ran "
                          "as CPU autocast with that dtype; its op lists differ (see the "
                          "autocast list)")
+            if device_type == "cuda":
                 device_type, dtype = "cpu", dtype or torch.float16
             original(ac, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
@@ -762,6 +753,12 @@ class _Patches:
             return model
 
         self._set(torch, "save", save)
+
+        def exit_(status=0):
+            run.note(f"the script called os._exit({status}): the planner ended its run there")
+            raise _Stop("ended")
+
+        self._set(os, "_exit", exit_)
         self._set(torch, "compile", compile_)
 
     def _patch_loader(self) -> None:
@@ -808,13 +805,32 @@ class _Patches:
         if not dist.is_available():
             return
 
+        original = dist.init_process_group
+        run = self.run
+
         def init_process_group(*args, **kwargs):
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            if world == 1 and not dist.is_initialized():
+                run.note("init_process_group ran as a one-process gloo group in the planner "
+                         "(its collectives do nothing with one rank); give --ddp N for the "
+                         "memory of each of N ranks")
+                return original("gloo", store=dist.HashStore(), rank=0, world_size=1)
             raise PlanError(
                 "the script starts a process group (torch.distributed.init_process_group): "
                 "plan it as one process (without torchrun, so that it skips that branch) and "
                 "give --ddp N for the memory of each of N ranks", kind="ddp")
 
         self._set(dist, "init_process_group", init_process_group)
+        ddp = torch.nn.parallel.DistributedDataParallel
+        ddp_init = ddp.__init__
+
+        def __init__(wrapper, module, device_ids=None, output_device=None, *args,  # noqa: N807
+                     **kwargs):
+            # the module's (fake) parameters report "cpu": device_ids would be refused
+            run.script_ddp = True
+            ddp_init(wrapper, module, None, None, *args, **kwargs)
+
+        self._set(ddp, "__init__", __init__)
 
     def _patch_sequential(self) -> None:
         run = self.run
@@ -927,8 +943,9 @@ class Plan(ShownAsTable):
                f"+ {fmt_bytes(self.context_bytes)} context allowance"]
         if self.ddp:
             out.append(f"  DDP with {self.ddp} ranks: + {fmt_bytes(self.ddp_bucket_bytes)} "
-                       "of gradient buckets per rank (gradient_as_bucket_view=False); NCCL's "
-                       "buffers lie outside PyTorch's allocator and are not counted")
+                       "of gradient buckets per rank (a copy of the gradients unless "
+                       "gradient_as_bucket_view=True); NCCL's buffers lie outside "
+                       "PyTorch's allocator and are not counted")
         out.append(f"  = {fmt_bytes(self.needed_bytes)} per GPU")
         out.append(f"  at the peak: {self.peak_phase}, {self.peak_op}, line "
                    f"{self.peak_line or '(not in the script)'}")
@@ -1221,7 +1238,9 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
                 f"{fmt_bytes(r.gpu.peak_allocated_bytes)}", kind="no-step")
         if r.n_steps == 0:
             raise PlanError("the script ended without calling optimizer.step(): the planner "
-                            "plans training steps", kind="no-step")
+                            "plans training steps. (Did its data loader yield a batch? With "
+                            "drop_last=True, a data set smaller than the batch yields none.)",
+                            kind="no-step")
         return r
 
     main = run_once(args)
@@ -1242,9 +1261,13 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
         autocast_differences=[(name, where, c, extra) for (name, where), (c, extra)
                               in main.autocast_diffs.items()],
         cards=[], host_peak_bytes=main.rss_peak, seconds=main.seconds, batch_arg=batch_arg,
-        ddp=ddp, ddp_bucket_bytes=0 if gradient_as_bucket_view else param_bytes,
+        ddp=ddp, ddp_bucket_bytes=0 if gradient_as_bucket_view or main.script_ddp
+        else param_bytes,
         parameter_bytes=param_bytes, torch_cuda=torch.version.cuda,
         workers=main.used_workers)
+    if ddp and main.script_ddp:
+        plan.notes["the script wraps its model in DistributedDataParallel itself: its "
+                   "buckets are in the measured peak, so --ddp adds nothing more"] = None
     for name, cap in KNOWN_GPUS.items():
         line, phase = main._crossings.get(name, (None, ""))
         needed = plan.needed_bytes
