@@ -1,0 +1,115 @@
+"""The planner's cost (``python -m helpers.fit``, issue 20's two performance targets).
+
+Run with ``make bench`` (or ``.venv/bin/python benchmarks/fit.py``). It prints
+
+1. **One card, ResNet-50:** ``python -m helpers.fit`` on ``tests/planner_scripts/resnet_amp.py``
+   (ResNet-50 written out, batch 256, 224 x 224 images, Adam, float32) in a fresh process:
+   wall time (interpreter start and imports included), the run's own time, and the
+   process's peak resident memory. Targets: at most 15 s and under 1 GB on 2 cores.
+2. **Every card vs one card:** the same script at a smaller size (so the naive way runs in
+   reasonable time) measured side by side in this process: one run on one card (what any
+   plan needs), the planner's table across all 8 known cards (one run, then 8 comparisons),
+   and the naive way, one run per card. Target: the table costs at most 1.2x one card.
+
+Timings are medians of ``--repeat`` runs (default 3), all in one invocation, so the ratios
+compare like with like; the absolute seconds depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SCRIPT = ROOT / "tests" / "planner_scripts" / "resnet_amp.py"
+FULL = ["--batch-size", "256", "--image-size", "224", "--no-amp", "--samples", "512"]
+SMALL = ["--batch-size", "32", "--image-size", "64", "--no-amp", "--samples", "64"]
+
+
+def fresh_process(args: list[str]) -> tuple[float, int, str]:
+    """(wall seconds, peak RSS bytes, stdout) of ``python -m helpers.fit`` in a new process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "helpers.fit", str(SCRIPT), *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"helpers.fit failed ({proc.returncode}):\n{out}")
+    return wall, usage.ru_maxrss * 1024, out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    opts = parser.parse_args()
+
+    from helpers.memory import planner
+    from helpers.memory.capacity import KNOWN_GPUS
+
+    print("1. ResNet-50, batch 256, 224 x 224, Adam, float32: python -m helpers.fit "
+          "(fresh process)")
+    walls, rsss, runs = [], [], []
+    for _ in range(opts.repeat):
+        wall, rss, out = fresh_process(FULL)
+        walls.append(wall)
+        rsss.append(rss)
+        line = next(x for x in out.splitlines() if x.strip().startswith("ran until"))
+        runs.append(float(line.split(" in ")[1].split(" s ")[0]))
+        peak = next(x for x in out.splitlines() if x.strip().startswith("peak:"))
+    wall, rss = statistics.median(walls), max(rsss)
+    print(f"   {peak.strip()}")
+    print(f"   wall {wall:.1f} s (median of {opts.repeat}; the run itself {statistics.median(runs):.1f} s), "
+          f"peak RSS {rss / 2**30:.2f} GiB")
+
+    print(f"2. Every card vs one card ({SCRIPT.name} {' '.join(SMALL)}), side by side:")
+
+    def one_run(card: str) -> None:
+        r = planner._Run(str(SCRIPT), SMALL, card=card, steps=2, fake=True, strict=False,
+                         amp=None, checkpoint_every=None, max_forwards=50, time_limit=600,
+                         context=planner.DEFAULT_CONTEXT)
+        r.run()
+
+    def table() -> None:
+        plan = planner.will_it_fit(str(SCRIPT), SMALL)
+        assert len(plan.cards) == len(KNOWN_GPUS)
+
+    def naive() -> None:
+        for card in KNOWN_GPUS:
+            one_run(card)
+
+    import contextlib
+    import io
+
+    times = {"one card": [], "table of 8 cards": [], "one run per card": []}
+    with contextlib.redirect_stdout(io.StringIO()):
+        one_run("A100-40GB")  # warm-up: imports and first-call costs
+        for _ in range(opts.repeat):
+            for name, fn in (("one card", lambda: one_run("A100-40GB")),
+                             ("table of 8 cards", table), ("one run per card", naive)):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    base = statistics.median(times["one card"])
+    for name, ts in times.items():
+        print(f"   {name:<18} {statistics.median(ts):6.2f} s  {statistics.median(ts) / base:5.2f}x")
+    ratio = statistics.median(times["table of 8 cards"]) / base
+
+    ok = wall <= 15 and rss < 1e9 and ratio <= 1.2
+    print(f"targets: ResNet-50 plan <= 15 s: {wall:.1f} s; under 1 GB RSS: "
+          f"{rss / 1e9:.2f} GB; table <= 1.2x one card: {ratio:.2f}x -> "
+          f"{'met' if ok else 'MISSED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
