@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import linecache
 import math
 import os
@@ -158,11 +159,17 @@ class CardFit:
 
 
 def _short(path: str) -> str:
+    """The path relative to the working folder when that is short (at most two levels up)."""
     try:
         rel = os.path.relpath(path)
     except ValueError:
         return path
-    return rel if not rel.startswith("..") else path
+    ups = 0
+    for part in rel.split(os.sep):
+        if part != "..":
+            break
+        ups += 1
+    return rel if ups <= 2 else path
 
 
 def _read_rss() -> tuple[int, int]:
@@ -419,7 +426,9 @@ class _Run:
 
     def _forward_pre(self, module, args) -> None:
         self._depth += 1
-        if self._depth == 1:
+        # a forward pass run by the backward pass (checkpointing's recomputation) is not one
+        # of the script's forward passes
+        if self._depth == 1 and torch._C._current_graph_task_id() == -1:
             self.n_forwards += 1
             if time.monotonic() > self._deadline:
                 raise _Stop("time")
@@ -651,6 +660,7 @@ class _Patches:
         self._saved: list[tuple[object, str, object]] = []
         self._handles: list = []
         self._cuda = None
+        self._made_group = False
 
     def _set(self, owner, name, value) -> None:
         self._saved.append((owner, name, owner.__dict__.get(name, getattr(owner, name, None))))
@@ -682,6 +692,12 @@ class _Patches:
         return self
 
     def __exit__(self, *exc):
+        if self._made_group:
+            import torch.distributed as dist
+
+            self._made_group = False
+            if dist.is_initialized():
+                dist.destroy_process_group()
         for handle in reversed(self._handles):
             handle.remove()
         self._handles.clear()
@@ -814,6 +830,7 @@ class _Patches:
                 run.note("init_process_group ran as a one-process gloo group in the planner "
                          "(its collectives do nothing with one rank); give --ddp N for the "
                          "memory of each of N ranks")
+                self._made_group = True
                 return original("gloo", store=dist.HashStore(), rank=0, world_size=1)
             raise PlanError(
                 "the script starts a process group (torch.distributed.init_process_group): "
@@ -936,7 +953,7 @@ class Plan(ShownAsTable):
 
     def _lines(self) -> list[str]:
         out = [f"Plan for {_short(self.script)} {' '.join(self.args)}".rstrip(),
-               f"  ran until {self._stopped_text()} in {self.seconds:.1f} s on a virtual "
+               f"  ran until {self._stopped_text()} in ~{self.seconds:.1f} s on a virtual "
                f"{self.card} with fake tensors",
                f"  peak: {fmt_bytes(self.peak_allocated_bytes)} allocated "
                f"({fmt_bytes(self.peak_reserved_bytes)} reserved by the caching allocator) "
@@ -990,6 +1007,11 @@ class Plan(ShownAsTable):
                                           if where else ""))
         return out
 
+    def _html(self) -> str:
+        import html
+
+        return f"<pre>{html.escape(self.text())}</pre>"
+
     def _stopped_text(self) -> str:
         return {"steps": f"its {_nth(self.steps)} optimizer step",
                 "ended": "the end of the script"}.get(self.stopped, self.stopped)
@@ -1010,7 +1032,7 @@ class Plan(ShownAsTable):
         gres = fit.card.split("-")[0].lower()
         if self.host_peak_bytes:
             mem_gib = max(4, math.ceil(2 * self.host_peak_bytes * n / GiB))
-            mem_why = (f"host memory: 2 x the {fmt_bytes(self.host_peak_bytes)} this plan "
+            mem_why = (f"host memory: 2 x the ~{fmt_bytes(self.host_peak_bytes)} this plan "
                        f"measured{' per rank' if n > 1 else ''} (the real run also holds the "
                        "CUDA context's host side and pinned buffers)")
         else:
@@ -1220,11 +1242,13 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
     time_limit = real_number(time_limit, "time_limit", minimum=0.1)
     args = list(args)
 
-    def run_once(argv, *, amp_=None, ckpt=None) -> _Run:
+    def run_once(argv, *, amp_=None, ckpt=None, quiet=False) -> _Run:
         r = _Run(path, argv, card=card, steps=steps, fake=fake, strict=strict, amp=amp_,
                  checkpoint_every=ckpt, max_forwards=max_forwards, time_limit=time_limit,
                  context=context)
-        r.run()
+        # the script prints once, in the first run; re-runs (fixes, batch sizes) are quiet
+        with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+            r.run()
         if r.stopped == "forwards":
             raise PlanError(
                 f"the script never called optimizer.step() in {max_forwards} forward passes "
@@ -1275,24 +1299,27 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
                                   fits=needed <= cap, drivable=_drivable(name),
                                   oom_at=line, oom_phase=phase))
     if amp is not None:
-        plan.fixes[f"--amp {amp}"] = run_once(args, amp_=amp).gpu.peak_allocated_bytes
+        plan.fixes[f"--amp {amp}"] = run_once(args, amp_=amp,
+                                              quiet=True).gpu.peak_allocated_bytes
     if checkpoint_every is not None:
         plan.fixes[f"--checkpoint-every {checkpoint_every}"] = run_once(
-            args, ckpt=checkpoint_every).gpu.peak_allocated_bytes
+            args, ckpt=checkpoint_every, quiet=True).gpu.peak_allocated_bytes
     if batch_arg is not None:
         _search_batches(plan, args, batch_arg, multiple_of, max_batch,
-                        lambda argv: run_once(argv).gpu.peak_allocated_bytes)
+                        lambda argv: run_once(argv, quiet=True).gpu.peak_allocated_bytes)
     return plan
 
 
 def _search_batches(plan: Plan, args, name, multiple_of, max_batch, measure) -> None:
-    """The largest batch (a multiple of ``multiple_of``) that fits each card. Two runs fit a
-    line through the peaks; each card's search starts at the line's prediction and brackets
-    it (one size that fits, the next that does not) by re-running the script; every size
-    is run at most once for all cards together."""
+    """The largest batch (a multiple of ``multiple_of``) that fits each card, by re-running
+    the script. Memory is close to a line in the batch size, so each card's next size is
+    the line's prediction through the two measured sizes nearest its capacity (a secant
+    step), kept inside the bracket known so far; a card is done when a size fits and the
+    next multiple does not. Sizes are measured once for all cards together."""
     memo: dict[int, int] = {}
     extra = plan.context_bytes + plan.ddp_extra_bytes
-    top = max_batch // multiple_of * multiple_of
+    m = multiple_of
+    top = max_batch // m * m
 
     def needed(b: int) -> int:
         if b not in memo:
@@ -1300,51 +1327,55 @@ def _search_batches(plan: Plan, args, name, multiple_of, max_batch, measure) -> 
         return memo[b]
 
     given = _batch_value(args, name)
-    a = max(multiple_of, min(top, (given or 32) // multiple_of * multiple_of))
-    b = a + max(multiple_of, a // multiple_of * multiple_of)
+    a = max(m, min(top, (given or 32) // m * m))
+    b = min(top, a + max(m, a // m * m))
+    if b == a:
+        b = a - m if a > m else a
     na, nb = needed(a), needed(b)
-    if nb <= na:
+    if a != b and nb == na:
         raise PlanError(f"changing {name} from {a} to {b} did not change the peak: is it the "
                         "script's batch-size option, and is the data set larger than the "
                         "batch?", kind="batch-arg")
-    slope = (nb - na) / (b - a)
     saturated: set[int] = set()
     for c in plan.cards:
         cap = c.capacity_bytes
-        x = int((cap - na) / slope + a) // multiple_of * multiple_of
-        x = min(max(x, multiple_of), top)
-        lo = hi = None  # largest size known to fit, smallest known not to
-        step = multiple_of
-        if needed(x) <= cap:
-            lo = x
-            while lo + step <= top:
-                if needed(lo + step) == needed(lo):
-                    saturated.add(lo)  # more did not cost more: the batch stopped growing
+        lo = hi = None
+        for _ in range(30):
+            fits = sorted(x for x, n in memo.items() if n <= cap)
+            fails = sorted(x for x, n in memo.items() if n > cap)
+            lo = fits[-1] if fits else None
+            hi = next((x for x in fails if lo is None or x > lo), None)
+            if lo is not None and (lo >= top or (hi is not None and hi - lo <= m)):
+                break
+            if lo is None and hi is not None and hi <= m:
+                break
+            # the two measured sizes nearest the capacity give the line's prediction
+            near = sorted(memo, key=lambda x: abs(memo[x] - cap))[:2]
+            x0, x1 = sorted(near)
+            slope = (memo[x1] - memo[x0]) / (x1 - x0) if x1 != x0 else 0
+            if slope <= 0:
+                if lo is not None and hi is None:
+                    saturated.add(lo)  # a larger batch cost nothing more
                     break
-                if needed(lo + step) <= cap:
-                    lo, step = lo + step, step * 2
-                else:
-                    hi = lo + step
-                    break
-        else:
-            hi = x
-            while hi - step >= multiple_of:
-                if needed(hi - step) <= cap:
-                    lo = hi - step
-                    break
-                hi, step = hi - step, step * 2
-        while lo is not None and hi is not None and hi - lo > multiple_of:
-            mid = (lo + hi) // 2 // multiple_of * multiple_of
-            if needed(mid) <= cap:
-                lo = mid
+                guess = (lo + hi) // 2 if lo is not None else hi // 2
             else:
-                hi = mid
-        half = (lo or 0) // 2 // multiple_of * multiple_of
-        if lo is not None and lo > b and half >= multiple_of and needed(lo) <= needed(half):
+                guess = int(x0 + (cap - memo[x0]) / slope)
+            x = max(m, min(top, guess // m * m))
+            if lo is not None and x <= lo:
+                x = lo + m
+            if hi is not None and x >= hi:
+                x = hi - m
+            if x in memo:  # nothing new to learn: halve the bracket instead
+                x = ((lo or 0) + (hi or 2 * top)) // 2 // m * m
+                if x in memo or x < m or x > top:
+                    break
+            needed(x)
+        half = (lo or 0) // 2 // m * m
+        if lo is not None and lo > b and half >= m and needed(lo) <= needed(half):
             saturated.add(half)  # twice the batch cost nothing more: the data set limits it
             lo = None
         c.largest_batch = lo
-        c.batch_capped = lo is not None and lo + multiple_of > top
+        c.batch_capped = lo is not None and lo + m > top
     plan.batch_runs = len(memo)
     if saturated:
         plan.notes[f"beyond {name} {min(saturated)}, a larger {name} did not change the "
