@@ -68,7 +68,8 @@ def main() -> int:
         peak = next(x for x in out.splitlines() if x.strip().startswith("peak:"))
     wall, rss = statistics.median(walls), max(rsss)
     print(f"   {peak.strip()}")
-    print(f"   wall {wall:.1f} s (median of {opts.repeat}; the run itself {statistics.median(runs):.1f} s), "
+    run = statistics.median(runs)
+    print(f"   wall {wall:.1f} s (median of {opts.repeat}; the run itself {run:.1f} s), "
           f"peak RSS {rss / 2**30:.2f} GiB")
 
     print(f"2. Every card vs one card ({SCRIPT.name} {' '.join(SMALL)}), side by side:")
@@ -101,7 +102,8 @@ def main() -> int:
                 times[name].append(time.perf_counter() - t0)
     base = statistics.median(times["one card"])
     for name, ts in times.items():
-        print(f"   {name:<18} {statistics.median(ts):6.2f} s  {statistics.median(ts) / base:5.2f}x")
+        median = statistics.median(ts)
+        print(f"   {name:<18} {median:6.2f} s  {median / base:5.2f}x")
     ratio = statistics.median(times["table of 8 cards"]) / base
 
     ok = wall <= 15 and rss < 1e9 and ratio <= 1.2

@@ -31,7 +31,7 @@ criterion = nn.CrossEntropyLoss()
 
 train_loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=1)
 
-for epoch in range(100):
+for epoch in range(100):  # noqa: B007 - the workshop's line, as written
     for data, labels in train_loader:
         data = data.cuda()
         labels = labels.cuda()

@@ -981,9 +981,9 @@ class Plan(ShownAsTable):
             out.append("")
             out.append("Predicted peak with fixes the planner applied (script unchanged):")
             for name, peak in self.fixes.items():
+                change = (peak - self.peak_allocated_bytes) / self.peak_allocated_bytes
                 out.append(f"  {name:<28} {fmt_bytes(peak + self.context_bytes)} "
-                           f"({(peak - self.peak_allocated_bytes) / self.peak_allocated_bytes:+.0%}"
-                           " allocated)")
+                           f"({change:+.0%} allocated)")
         if self.stand_ins:
             out.append("")
             out.append("Values read from GPU tensors (answered with stand-ins):")
