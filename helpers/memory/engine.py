@@ -236,6 +236,7 @@ class Engine(TorchDispatchMode):
       a counted storage. Host tensors (a DataLoader's batches, Adam's step counters) are never
       counted, even when an operation reads them.
     * ``on_new_peak``: called without arguments each time the live bytes reach a new peak.
+    * ``on_alloc``: called without arguments after every storage it counts.
     """
 
     @classmethod
@@ -262,6 +263,7 @@ class Engine(TorchDispatchMode):
         self.workspaces = None
         self.propagate = False
         self.on_new_peak = None
+        self.on_alloc = None
         self._read_counted = False
 
     # ------------------------------------------------------------------ bookkeeping
@@ -286,6 +288,8 @@ class Engine(TorchDispatchMode):
                 self.recorder.on_alloc(rec)
         if new_peak and self.on_new_peak is not None:
             self.on_new_peak()
+        if self.on_alloc is not None:
+            self.on_alloc()
         return rec
 
     def _free(self, rec: _Tracked) -> None:

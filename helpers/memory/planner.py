@@ -196,30 +196,23 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def _is_cuda(device) -> bool:
-    if device is None:
-        return False
+def _device_kind(device) -> str | None:
+    """The device type a ``.to()``/``device=`` argument names ("cuda" for a bare ordinal,
+    as ``.to(0)`` means), or None when it names none."""
     if isinstance(device, int) and not isinstance(device, bool):
-        return True  # .to(0) / .cuda(0): a CUDA ordinal
+        return "cuda"
     if isinstance(device, torch.device):
-        return device.type == "cuda"
+        return device.type
     if isinstance(device, str):
         try:
-            return torch.device(device).type == "cuda"
+            return torch.device(device).type
         except RuntimeError:
-            return False
-    return False
+            return None
+    return None
 
 
-def _is_cpu(device) -> bool:
-    if isinstance(device, torch.device):
-        return device.type == "cpu"
-    if isinstance(device, str):
-        try:
-            return torch.device(device).type == "cpu"
-        except RuntimeError:
-            return False
-    return False
+def _is_cuda(device) -> bool:
+    return _device_kind(device) == "cuda"
 
 
 # ---------------------------------------------------------------------------------- one run
@@ -247,6 +240,9 @@ class _Run:
         self.engine = self.gpu.engine
         self.engine.propagate = True
         self.engine.on_new_peak = self._on_new_peak
+        self.engine.on_alloc = self._on_alloc
+        self.phase_peaks: dict[str, int] = {}
+        self._in_optimizer = False
         from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
         self._fake_type = FakeTensor
@@ -303,6 +299,22 @@ class _Run:
             os.path.abspath(frame.f_code.co_filename))
 
     # ------------------------------------------------------------ the peak
+    def _on_alloc(self) -> None:
+        """The most memory allocated during each phase (forward, backward, optimizer step,
+        elsewhere), from cheap state: autograd's graph task, the optimizer hooks, the depth
+        of module calls."""
+        if torch._C._current_graph_task_id() != -1:
+            phase = "backward"
+        elif self._in_optimizer:
+            phase = "optimizer"
+        elif self._depth > 0:
+            phase = "forward"
+        else:
+            phase = "elsewhere"
+        allocated = self.gpu._allocator.allocated_bytes
+        if allocated > self.phase_peaks.get(phase, 0):
+            self.phase_peaks[phase] = allocated
+
     def _on_new_peak(self) -> None:
         eng = self.engine
         self._snapshot = list(eng.live.values())
@@ -416,7 +428,11 @@ class _Run:
             self.notes[text_] = self.user_line(sys._getframe(2))
 
     # ------------------------------------------------------------ hooks
+    def _step_pre_hook(self, optimizer, args, kwargs) -> None:
+        self._in_optimizer = True
+
     def _step_hook(self, optimizer, args, kwargs) -> None:
+        self._in_optimizer = False
         if not any(o is optimizer for o in self.optimizers):
             self.optimizers.append(optimizer)
         self.n_steps += 1
@@ -619,7 +635,8 @@ class _DeviceMode(TorchFunctionMode):
                 dev = a
         if _is_cuda(dev):
             return run.to_device(t, dtype)
-        if _is_cpu(dev) and run.on_device(t) and run.called_from_user(sys._getframe(1)):
+        if _device_kind(dev) == "cpu" and run.on_device(t) and \
+                run.called_from_user(sys._getframe(1)):
             # the user's code moving a GPU tensor to the host; a library's `.to(t.device)`
             # on a fake tensor (which reports "cpu") is a no-op, as it is on the GPU
             return run.read(func, "to('cpu')", args, kwargs)
@@ -679,8 +696,12 @@ class _Patches:
             self._patch_distributed()
             if run.checkpoint_every:
                 self._patch_sequential()
-            from torch.optim.optimizer import register_optimizer_step_post_hook
+            from torch.optim.optimizer import (
+                register_optimizer_step_post_hook,
+                register_optimizer_step_pre_hook,
+            )
 
+            self._handles.append(register_optimizer_step_pre_hook(run._step_pre_hook))
             self._handles.append(register_optimizer_step_post_hook(run._step_hook))
             self._handles.append(nn.modules.module.register_module_forward_pre_hook(
                 run._forward_pre))
@@ -769,6 +790,18 @@ class _Patches:
             return model
 
         self._set(torch, "save", save)
+        original_load = torch.load
+
+        def load(f, map_location=None, *args, **kwargs):
+            # a checkpoint the script resumes from: its tensors load on the host (this torch
+            # may have no CUDA), and load_state_dict copies them into the fake parameters
+            if map_location is not None and not callable(map_location) and not isinstance(
+                    map_location, dict) and _is_cuda(map_location):
+                run.note(f"torch.load(map_location={map_location!r}) loaded on the host")
+                map_location = "cpu"
+            return original_load(f, map_location, *args, **kwargs)
+
+        self._set(torch, "load", load)
 
         def exit_(status=0):
             run.note(f"the script called os._exit({status}): the planner ended its run there")
@@ -908,6 +941,7 @@ class Plan(ShownAsTable):
     torch_cuda: str | None = None
     workers: int = 0
     batch_runs: int = 0
+    phase_peaks: dict = dataclasses.field(default_factory=dict)
 
     @property
     def needed_bytes(self) -> int:
@@ -966,6 +1000,11 @@ class Plan(ShownAsTable):
         out.append(f"  = {fmt_bytes(self.needed_bytes)} per GPU")
         out.append(f"  at the peak: {self.peak_phase}, {self.peak_op}, line "
                    f"{self.peak_line or '(not in the script)'}")
+        if self.phase_peaks:
+            out.append("  peak by phase: " + ", ".join(
+                f"{phase} {fmt_bytes(self.phase_peaks[phase])}"
+                for phase in ("forward", "backward", "optimizer", "elsewhere")
+                if phase in self.phase_peaks))
         total = sum(self.categories.values()) or 1
         for cat, n in self.categories.items():
             if n:
@@ -1288,7 +1327,7 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
         ddp=ddp, ddp_bucket_bytes=0 if gradient_as_bucket_view or main.script_ddp
         else param_bytes,
         parameter_bytes=param_bytes, torch_cuda=torch.version.cuda,
-        workers=main.used_workers)
+        workers=main.used_workers, phase_peaks=dict(main.phase_peaks))
     if ddp and main.script_ddp:
         plan.notes["the script wraps its model in DistributedDataParallel itself: its "
                    "buckets are in the measured peak, so --ddp adds nothing more"] = None

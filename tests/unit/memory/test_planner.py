@@ -59,6 +59,11 @@ def test_hand_computed_mlp(tmp_path):
     assert plan.peak_allocated_bytes == 5 * blocks + round512(4096) + round512(32) + 512
     assert plan.parameter_bytes == p_bytes
     assert plan.stopped == "steps" and plan.steps == 2
+    # by phase: the optimizer step holds the peak; the forward pass less than the backward
+    peaks = plan.phase_peaks
+    assert peaks["optimizer"] == plan.peak_allocated_bytes == max(peaks.values())
+    assert peaks["forward"] < peaks["backward"] < peaks["optimizer"]
+    assert "peak by phase: forward" in plan.text()
 
 
 def test_reference_run_without_fake_tensors_agrees(tmp_path):
@@ -418,3 +423,26 @@ def test_python_dash_m(tmp_path):
                          text=True, cwd=os.path.dirname(os.path.dirname(helpers.__file__)),
                          check=True)
     assert "usage: python -m helpers.fit" in out.stdout
+
+
+def test_a_script_that_resumes_from_a_checkpoint(tmp_path, monkeypatch):
+    """torch.load(..., map_location="cuda") loads on the host; load_state_dict fills the
+    fake parameters (on this CPU build, loading onto CUDA would fail)."""
+    monkeypatch.chdir(tmp_path)
+    torch.save({"model": torch.nn.Linear(8, 8).state_dict()}, tmp_path / "ck.pt")
+    script = write(tmp_path, """\
+        import os
+        import torch
+        from torch import nn
+        model = nn.Linear(8, 8).cuda()
+        opt = torch.optim.Adam(model.parameters())
+        if os.path.exists("ck.pt"):
+            model.load_state_dict(torch.load("ck.pt", map_location="cuda")["model"])
+        for _ in range(3):
+            model(torch.randn(4, 8, device="cuda")).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    """)
+    plan = will_it_fit(script)
+    assert any("map_location='cuda'" in n for n in plan.notes)
+    assert plan.categories["parameters"] == (64 + 8) * 4
