@@ -683,8 +683,46 @@ class _Patches:
         self._saved.append((owner, name, owner.__dict__.get(name, getattr(owner, name, None))))
         setattr(owner, name, value)
 
+    def _save_global_state(self) -> None:
+        """What a script may change for the whole process (seeds, TF32 and cuDNN switches,
+        the default dtype, threads): put back on exit, so a notebook that plans a script
+        goes on as before."""
+        import random
+
+        import numpy as np
+
+        state = [(torch.set_rng_state, torch.get_rng_state()),
+                 (random.setstate, random.getstate()),
+                 (np.random.set_state, np.random.get_state()),
+                 (torch.set_default_dtype, torch.get_default_dtype()),
+                 (torch.set_grad_enabled, torch.is_grad_enabled()),
+                 (torch.set_num_threads, torch.get_num_threads()),
+                 (lambda v: torch.use_deterministic_algorithms(*v),
+                  (torch.are_deterministic_algorithms_enabled(),
+                   torch.is_deterministic_algorithms_warn_only_enabled()))]
+        for owner, name in ((torch.backends.cudnn, "benchmark"),
+                            (torch.backends.cudnn, "deterministic"),
+                            (torch.backends.cuda.matmul, "fp32_precision"),
+                            (torch.backends.cudnn.conv, "fp32_precision"),
+                            (torch.backends.cudnn.rnn, "fp32_precision")):
+            try:
+                value = getattr(owner, name)
+            except (AttributeError, RuntimeError):
+                continue
+            state.append((lambda v, o=owner, n=name: setattr(o, n, v), value))
+        self._global_state = state
+
+    def _restore_global_state(self) -> None:
+        for setter, value in reversed(getattr(self, "_global_state", [])):
+            try:
+                setter(value)
+            except (RuntimeError, ValueError, TypeError):
+                pass  # a switch this torch build refuses to set back: leave it
+        self._global_state = []
+
     def __enter__(self):
         run = self.run
+        self._save_global_state()
         try:
             self._cuda = SimulatedCuda(run.gpu)
             self._cuda.__enter__()
@@ -728,6 +766,7 @@ class _Patches:
         if self._cuda is not None:
             self._cuda.__exit__(None, None, None)
             self._cuda = None
+        self._restore_global_state()
         return False
 
     def _patch_accelerator(self) -> None:
@@ -768,8 +807,9 @@ class _Patches:
         def __init__(ac, device_type, dtype=None, enabled=True, cache_enabled=None):  # noqa: N807
             if device_type == "cuda" and enabled:
                 run.note(f"torch.autocast('cuda', {_dtype_name(dtype or torch.float16)}) ran "
-                         "as CPU autocast with that dtype; its op lists differ (see the "
-                         "autocast list)")
+                         "as CPU autocast with that dtype; the CPU's op lists differ from "
+                         "CUDA's, and each op of this script that CUDA would run in float32 "
+                         "is listed")
             if device_type == "cuda":
                 device_type, dtype = "cpu", dtype or torch.float16
             original(ac, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
@@ -1049,7 +1089,8 @@ class Plan(ShownAsTable):
     def _html(self) -> str:
         import html
 
-        return f"<pre>{html.escape(self.text())}</pre>"
+        return (f"<pre style='font-family: monospace; white-space: pre'>"
+                f"{html.escape(self.text())}</pre>")
 
     def _stopped_text(self) -> str:
         return {"steps": f"its {_nth(self.steps)} optimizer step",

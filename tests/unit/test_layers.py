@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "helpers"
 
 LAYERS = ("core", "memory", "tf", "watch", "authoring")
-TOPICS = ("amp", "batch_size", "checkpoint", "launch", "models", "oom", "throughput")
+TOPICS = ("amp", "batch_size", "checkpoint", "fit", "launch", "models", "oom", "throughput")
 EVERYTHING = frozenset((*LAYERS, "topics"))
 # importer layer -> the layers it may import (its own always included)
 ALLOWED = {

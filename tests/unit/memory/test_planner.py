@@ -446,3 +446,31 @@ def test_a_script_that_resumes_from_a_checkpoint(tmp_path, monkeypatch):
     plan = will_it_fit(script)
     assert any("map_location='cuda'" in n for n in plan.notes)
     assert plan.categories["parameters"] == (64 + 8) * 4
+
+
+def test_the_scripts_global_settings_are_put_back(tmp_path):
+    """Seeds, TF32/cuDNN switches and the default dtype a script sets do not leak into the
+    notebook (or test) that planned it."""
+    import random
+
+    import numpy as np
+
+    script = write(tmp_path, MLP.replace("D, H, C, B", """\
+torch.manual_seed(123)
+random.seed(1)
+np.random.seed(2)
+torch.set_float32_matmul_precision("high")
+torch.backends.cudnn.benchmark = True
+torch.set_default_dtype(torch.float64)
+torch.set_default_dtype(torch.float32)
+D, H, C, B""").replace("import torch\n", "import random\nimport numpy as np\nimport torch\n"))
+    torch.manual_seed(7)
+    random.seed(7)
+    np.random.seed(7)
+    before = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy(),
+              torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.benchmark)
+    will_it_fit(script)
+    after = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy(),
+             torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.benchmark)
+    assert torch.equal(before[0], after[0]) and before[1] == after[1]
+    assert (before[2] == after[2]).all() and before[3:] == after[3:]
