@@ -685,7 +685,8 @@ class _Patches:
 
     def _save_global_state(self) -> None:
         """What a script may change for the whole process (seeds, TF32 and cuDNN switches,
-        the default dtype, threads): put back on exit, so a notebook that plans a script
+        the default dtype, threads, environment variables, the working folder): put back on
+        exit, so a notebook that plans a script
         goes on as before."""
         import random
 
@@ -710,6 +711,17 @@ class _Patches:
             except (AttributeError, RuntimeError):
                 continue
             state.append((lambda v, o=owner, n=name: setattr(o, n, v), value))
+        environ = dict(os.environ)  # ddp_train.py sets RANK, WORLD_SIZE, MASTER_ADDR...
+
+        def put_back_environ(saved):
+            os.environ.clear()
+            os.environ.update(saved)
+
+        state.append((put_back_environ, environ))
+        state.append((os.chdir, os.getcwd()))
+        # the legacy switch last, so that it is put back first and the fp32_precision values
+        # after it (mixing the two APIs otherwise makes torch's legacy getters raise)
+        state.append((torch.set_float32_matmul_precision, torch.get_float32_matmul_precision()))
         self._global_state = state
 
     def _restore_global_state(self) -> None:

@@ -99,7 +99,11 @@ def test_the_kits_ddp_script_takes_its_cuda_branches(in_tmp):
     """scripts/ddp_train.py always starts a process group, turns AMP on when
     ``device.type == "cuda"`` and ends with ``os._exit``: all of it is planned."""
     path = Path(__file__).resolve().parents[3] / "scripts" / "ddp_train.py"
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    environ = {name: os.environ.get(name) for name in names}
     plan = will_it_fit(str(path), ["--log-every", "1"], ddp=4)
+    # the script sets these for its one-process group: put back afterwards
+    assert {name: os.environ.get(name) for name in names} == environ
     notes = " ".join(plan.notes)
     assert "one-process gloo group" in notes
     assert "autocast('cuda', torch.float16)" in notes  # the CUDA branch: AMP on
