@@ -187,15 +187,6 @@ def _read_rss() -> tuple[int, int]:
     return cur, peak
 
 
-def _reset_peak_rss() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def _device_kind(device) -> str | None:
     """The device type a ``.to()``/``device=`` argument names ("cuda" for a bare ordinal,
     as ``.to(0)`` means), or None when it names none."""
@@ -268,7 +259,6 @@ class _Run:
         self._ckpt_local = threading.local()
         self.stopped = ""
         self.rss_peak = 0
-        self.rss_start = 0
         self.seconds = 0.0
         self.used_workers = 0
         self.script_ddp = False  # the script wraps its model in DDP itself
@@ -329,6 +319,12 @@ class _Run:
             self._crossings[name] = (self.peak_line, self.peak_phase)
         if time.monotonic() > self._deadline:
             raise _Stop("time")
+
+    def _sample_rss(self) -> None:
+        """Host memory: this process's resident size, sampled at each forward pass and
+        optimizer step (the process's own peak counter is left alone: a notebook's memory
+        budget reads it)."""
+        self.rss_peak = max(self.rss_peak, _read_rss()[0])
 
     def _label_step_tensors(self) -> None:
         """After each optimizer step: the records of the gradients and the optimizer state are
@@ -436,6 +432,7 @@ class _Run:
         if not any(o is optimizer for o in self.optimizers):
             self.optimizers.append(optimizer)
         self.n_steps += 1
+        self._sample_rss()
         self._label_step_tensors()
         if self.n_steps >= self.steps:
             raise _Stop("steps")
@@ -446,6 +443,7 @@ class _Run:
         # of the script's forward passes
         if self._depth == 1 and torch._C._current_graph_task_id() == -1:
             self.n_forwards += 1
+            self._sample_rss()
             if time.monotonic() > self._deadline:
                 raise _Stop("time")
             if self.n_forwards > self.max_forwards and self.n_steps == 0:
@@ -464,8 +462,7 @@ class _Run:
     def run(self) -> None:
         old_argv = sys.argv
         self._deadline = time.monotonic() + self.time_limit
-        self.rss_start = _read_rss()[0]
-        rss_reset = _reset_peak_rss()
+        self.rss_peak = _read_rss()[0]
         t0 = time.perf_counter()
         alarm = self.time_limit < math.inf and threading.current_thread() is \
             threading.main_thread() and hasattr(signal, "SIGALRM")
@@ -490,7 +487,9 @@ class _Run:
                     if exc.code not in (None, 0):
                         raise PlanError(
                             f"the script exited with status {exc.code!r} before its "
-                            f"{_nth(self.steps)} optimizer step", kind="script") from None
+                            f"{_nth(self.steps)} optimizer step (status 2 is argparse's for "
+                            "arguments it does not accept: see the usage above)",
+                            kind="script") from None
                     self.stopped = "ended"
                 finally:
                     while self._autocasts:
@@ -505,8 +504,7 @@ class _Run:
                 signal.signal(signal.SIGALRM, old_handler)
             sys.argv = old_argv
             self.seconds = time.perf_counter() - t0
-            cur, peak = _read_rss()
-            self.rss_peak = peak if rss_reset else 0
+            self._sample_rss()
         self._classify()
 
     def _explain(self, exc: BaseException) -> PlanError:
