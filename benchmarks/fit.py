@@ -64,7 +64,7 @@ def main() -> int:
         walls.append(wall)
         rsss.append(rss)
         line = next(x for x in out.splitlines() if x.strip().startswith("ran until"))
-        runs.append(float(line.split(" in ")[1].split(" s ")[0]))
+        runs.append(float(line.split(" in ")[1].split(" s ")[0].lstrip("~")))
         peak = next(x for x in out.splitlines() if x.strip().startswith("peak:"))
     wall, rss = statistics.median(walls), max(rsss)
     print(f"   {peak.strip()}")
