@@ -229,7 +229,7 @@ class Engine(TorchDispatchMode):
         on_oom: called as ``on_oom(error: SimulatedOOM, op_name: str)`` when the allocator
             refuses; it must raise (``VirtualGPU`` raises ``torch.OutOfMemoryError``).
 
-    Two attributes change what counts, for the planner (:mod:`.planner`):
+    Three attributes serve the planner (:mod:`.planner`):
 
     * ``propagate`` (default False): count only what lives "on the device" as a GPU would
       have it: storages handed over with :meth:`adopt`, and the outputs of operations that read
@@ -264,7 +264,6 @@ class Engine(TorchDispatchMode):
         self.propagate = False
         self.on_new_peak = None
         self.on_alloc = None
-        self._read_counted = False
 
     # ------------------------------------------------------------------ bookkeeping
     def _register(self, st, label: str) -> _Tracked | None:
@@ -376,17 +375,16 @@ class Engine(TorchDispatchMode):
         recorder = self.recorder
         if recorder is not None and recorder.in_optimizer:
             recorder.optimizer_args(args)
-        self._read_counted = False
-        if kind != _FRESH:  # lift_fresh's input is the constant it makes: not an input
-            self._scan_inputs(args, kwargs, recorder)
+        # lift_fresh's input is the constant it makes: not an input
+        read_counted = kind != _FRESH and self._scan_inputs(args, kwargs, recorder)
         if self._pending is not None:
             args = kwargs = None
             self._fail()
-        read_counted = self._read_counted
         out = args[0] if skip else func(*args, **kwargs)
         n_points = len(recorder.points) if recorder is not None else 0
-        self._read_counted = read_counted
-        self._track_outputs(func, kind, out, recorder)
+        if read_counted or not self.propagate:
+            self._track_outputs(func, kind, out, recorder)
+        # else (propagate): an operation on host tensors only, whose outputs stay on the host
         if self.workspaces is not None and self._pending is None:
             # after the outputs, as PyTorch's kernels do
             self._charge_workspaces(func, recorder, n_points)
@@ -468,8 +466,6 @@ class Engine(TorchDispatchMode):
         return out
 
     def _track_outputs(self, func, kind, out, recorder) -> None:
-        if self.propagate and not self._read_counted:
-            return  # an operation on host tensors only: its outputs stay on the host
         if kind == _MUTATE:
             changed = False
             for _, st in self._on_device(_flat_tensors(out)):
@@ -502,24 +498,26 @@ class Engine(TorchDispatchMode):
         if allocated and recorder is not None:
             recorder.mark(func)
 
-    def _scan_inputs(self, args, kwargs, recorder) -> None:
+    def _scan_inputs(self, args, kwargs, recorder) -> bool:
+        """Count the inputs not counted yet (with ``propagate``: leave them uncounted, as
+        host tensors); True when an input was already counted."""
+        read_counted = False
         for t, st in self._on_device(_flat_tensors(args, kwargs) if kwargs
                                      else _flat_tensors(args)):
             rec = self.live.get(id(st))
-            if self.propagate:
-                if rec is not None:
-                    self._read_counted = True
-                    if rec.label != "parameters" and t.is_leaf and _is_param(t):
-                        rec.label = "parameters"
-                continue
             if rec is None:
+                if self.propagate:
+                    continue
                 label = "parameters" if _is_param(t) else "inputs"
                 if recorder is not None:
                     recorder.before_alloc(self.current_op)
                 if self._register(st, label) is None:
-                    return
-            elif rec.label != "parameters" and t.is_leaf and _is_param(t):
-                rec.label = "parameters"
+                    return read_counted
+            else:
+                read_counted = True
+                if rec.label != "parameters" and t.is_leaf and _is_param(t):
+                    rec.label = "parameters"
+        return read_counted
 
 
 def _make_callback(engine: Engine, rec: _Tracked):
