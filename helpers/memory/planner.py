@@ -63,7 +63,8 @@ from ..core.checks import choice, flag, positive_int, real_number, text, whole_n
 from ..core.fmt import GiB, MiB, ShownAsTable, Table, fmt_bytes
 from .capacity import COMPUTE_CAPABILITY, KNOWN_GPUS, card_name, resolve_capacity
 from .cuda_standin import SimulatedCuda
-from .virtual import VirtualGPU, _phase_from_stack
+from .sources import ProcessRamSource
+from .virtual import VirtualGPU
 
 __all__ = ["will_it_fit", "Plan", "PlanError", "CardFit", "CodeLine", "StandIn",
            "DEFAULT_CONTEXT", "CUDA_FP32_OPS"]
@@ -90,8 +91,7 @@ _T = torch.Tensor
 _READS = {_T.item: "item()", _T.tolist: "tolist()", _T.__bool__: "bool()",
           _T.__float__: "float()", _T.__int__: "int()", _T.__index__: "index",
           _T.numpy: "numpy()", _T.__format__: "format", _T.__repr__: "print/repr",
-          _T.__array__: "numpy array"}
-_TO_HOST = {_T.cpu: "cpu()"}
+          _T.__array__: "numpy array", _T.cpu: "cpu()"}
 _LOW = (torch.bfloat16, torch.float16)
 
 
@@ -172,25 +172,22 @@ def _short(path: str) -> str:
     return rel if ups <= 2 else path
 
 
-def _read_rss() -> tuple[int, int]:
-    """(current, peak) resident bytes of this process, from /proc (0, 0 elsewhere)."""
-    cur = peak = 0
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    cur = int(line.split()[1]) * 1024
-                elif line.startswith("VmHWM:"):
-                    peak = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return cur, peak
+def _is_ordinal(device) -> bool:
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+def _ordinals_named(args, kwargs) -> tuple[list, dict]:
+    """``.to()`` arguments with each bare CUDA ordinal (``0``, ``device=1``) written as
+    ``"cuda:N"``: torch's argument parser would ask the (absent) accelerator for it."""
+    return ([f"cuda:{a}" if _is_ordinal(a) else a for a in args],
+            {k: f"cuda:{v}" if k == "device" and _is_ordinal(v) else v
+             for k, v in kwargs.items()})
 
 
 def _device_kind(device) -> str | None:
     """The device type a ``.to()``/``device=`` argument names ("cuda" for a bare ordinal,
     as ``.to(0)`` means), or None when it names none."""
-    if isinstance(device, int) and not isinstance(device, bool):
+    if _is_ordinal(device):
         return "cuda"
     if isinstance(device, torch.device):
         return device.type
@@ -259,6 +256,7 @@ class _Run:
         self._ckpt_local = threading.local()
         self.stopped = ""
         self.rss_peak = 0
+        self._ram = ProcessRamSource()  # without psutil: not measured (rss_peak stays 0)
         self.seconds = 0.0
         self.used_workers = 0
         self.script_ddp = False  # the script wraps its model in DDP itself
@@ -289,18 +287,18 @@ class _Run:
             os.path.abspath(frame.f_code.co_filename))
 
     # ------------------------------------------------------------ the peak
-    def _on_alloc(self) -> None:
-        """The most memory allocated during each phase (forward, backward, optimizer step,
-        elsewhere), from cheap state: autograd's graph task, the optimizer hooks, the depth
-        of module calls."""
+    def _phase(self) -> str:
+        """Forward, backward, optimizer (step) or elsewhere, from cheap state: autograd's
+        graph task, the optimizer hooks, the depth of module calls."""
         if torch._C._current_graph_task_id() != -1:
-            phase = "backward"
-        elif self._in_optimizer:
-            phase = "optimizer"
-        elif self._depth > 0:
-            phase = "forward"
-        else:
-            phase = "elsewhere"
+            return "backward"
+        if self._in_optimizer:
+            return "optimizer"
+        return "forward" if self._depth > 0 else "elsewhere"
+
+    def _on_alloc(self) -> None:
+        """The most memory allocated during each phase."""
+        phase = self._phase()
         allocated = self.gpu._allocator.allocated_bytes
         if allocated > self.phase_peaks.get(phase, 0):
             self.phase_peaks[phase] = allocated
@@ -309,7 +307,7 @@ class _Run:
         eng = self.engine
         self._snapshot = list(eng.live.values())
         self.peak_line = self.user_line(sys._getframe(1))
-        self.peak_phase = _phase_from_stack() or "elsewhere"
+        self.peak_phase = self._phase()
         op = eng.current_op
         self.peak_op = f"aten.{op._overloadpacket.__name__}" if hasattr(op, "_overloadpacket") \
             else str(op or "")
@@ -324,7 +322,8 @@ class _Run:
         """Host memory: this process's resident size, sampled at each forward pass and
         optimizer step (the process's own peak counter is left alone: a notebook's memory
         budget reads it)."""
-        self.rss_peak = max(self.rss_peak, _read_rss()[0])
+        if self._ram.available:
+            self.rss_peak = max(self.rss_peak, self._ram.read())
 
     def _label_step_tensors(self) -> None:
         """After each optimizer step: the records of the gradients and the optimizer state are
@@ -406,8 +405,8 @@ class _Run:
         if key in self.stand_ins:
             self.stand_ins[key].count += 1
         else:
-            self.stand_ins[key] = StandIn(what, where, value if not isinstance(
-                value, torch.Tensor) else f"zeros{tuple(t.shape)}")
+            self.stand_ins[key] = StandIn(what, where, value if isinstance(
+                value, (bool, int, float)) else f"zeros{tuple(t.shape)}")
         if func is _T.__format__:
             spec = args[1] if len(args) > 1 else kwargs.get("format_spec", "")
             return format(value, spec)
@@ -462,7 +461,7 @@ class _Run:
     def run(self) -> None:
         old_argv = sys.argv
         self._deadline = time.monotonic() + self.time_limit
-        self.rss_peak = _read_rss()[0]
+        self._sample_rss()
         t0 = time.perf_counter()
         alarm = self.time_limit < math.inf and threading.current_thread() is \
             threading.main_thread() and hasattr(signal, "SIGALRM")
@@ -556,7 +555,7 @@ _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _stand_in(func, t):
-    if func in (_T.numpy, _T.__array__, _T.tolist) or func in _TO_HOST or (
+    if func in (_T.numpy, _T.__array__, _T.tolist, _T.cpu) or (
             func is _T.__repr__ and t.dim() > 0):
         real = torch.zeros(t.shape, dtype=t.dtype)  # a tensor copied to the host: zeros
         if func is _T.numpy or func is _T.__array__:
@@ -588,8 +587,6 @@ class _DeviceMode(TorchFunctionMode):
             return run.to_device(t)
         if func is _T.to:
             return self._to(func, args, kwargs)
-        if func in _TO_HOST and run.on_device(args[0]):
-            return run.read(func, _TO_HOST[func], args, kwargs)
         if func is _T.pin_memory:
             return args[0]
         if func is _T.is_pinned:
@@ -620,20 +617,16 @@ class _DeviceMode(TorchFunctionMode):
     def _to(self, func, args, kwargs):
         run = self.run
         t = args[0]
+        # a bare ordinal (.to(0), device=0) is a CUDA device; _parse_to would ask the
+        # (absent) accelerator for it
+        rest, named = _ordinals_named(args[1:], kwargs)
         try:
-            device, dtype, _non_blocking, _fmt = torch._C._nn._parse_to(*args[1:], **kwargs)
+            device, dtype, _non_blocking, _fmt = torch._C._nn._parse_to(*rest, **named)
         except (TypeError, RuntimeError):
-            device, dtype = None, None
-            for a in args[1:]:
-                if isinstance(a, torch.Tensor):
-                    device, dtype = a.device, a.dtype
-        dev = kwargs.get("device", device)
-        for a in args[1:]:
-            if isinstance(a, (str, torch.device, int)) and not isinstance(a, bool):
-                dev = a
-        if _is_cuda(dev):
+            return func(*args, **kwargs)  # not valid arguments: PyTorch's own error
+        if _is_cuda(device):
             return run.to_device(t, dtype)
-        if _device_kind(dev) == "cpu" and run.on_device(t) and \
+        if _device_kind(device) == "cpu" and run.on_device(t) and \
                 run.called_from_user(sys._getframe(1)):
             # the user's code moving a GPU tensor to the host; a library's `.to(t.device)`
             # on a fake tensor (which reports "cpu") is a no-op, as it is on the GPU
@@ -740,6 +733,7 @@ class _Patches:
             self._patch_autocast()
             self._patch_save_and_compile()
             self._patch_loader()
+            self._patch_module_to()
             self._patch_foreach()
             self._patch_distributed()
             if run.checkpoint_every:
@@ -881,6 +875,16 @@ class _Patches:
             original(loader, dataset, *args, **kwargs)
 
         self._set(cls, "__init__", __init__)
+
+    def _patch_module_to(self) -> None:
+        original = nn.Module.to
+
+        def to(module, *args, **kwargs):
+            # Module.to parses its arguments itself, before any tensor's .to
+            args, kwargs = _ordinals_named(args, kwargs)
+            return original(module, *args, **kwargs)
+
+        self._set(nn.Module, "to", to)
 
     def _patch_foreach(self) -> None:
         import torch.optim.optimizer as optimizer_module

@@ -474,3 +474,25 @@ D, H, C, B""").replace("import torch\n", "import random\nimport numpy as np\nimp
              torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.benchmark)
     assert torch.equal(before[0], after[0]) and before[1] == after[1]
     assert (before[2] == after[2]).all() and before[3:] == after[3:]
+
+
+def test_to_an_ordinal_keeps_the_dtype_and_host_copies_show_their_shape(tmp_path):
+    """``.to(0, torch.float16)`` is a CUDA move with a dtype (an ordinal cannot go through
+    ``_parse_to`` on a CPU build); a tensor copied to the host is listed by its shape."""
+    script = write(tmp_path, """\
+        import torch
+        from torch import nn
+        model = nn.Linear(8, 8).to(0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            x = torch.randn(4, 8).to(0, torch.float16)
+            assert x.dtype == torch.float16
+            loss = model(x.float()).sum()
+            loss.backward()
+            opt.step()
+            print(model.weight.detach().numpy().shape)
+    """)
+    plan = will_it_fit(script)
+    assert plan.categories["inputs"] == 4 * 8 * 2  # float16 on the card
+    values = {s.what: s.value for s in plan.stand_ins}
+    assert values["numpy()"] == "zeros(8, 8)"
