@@ -287,3 +287,38 @@ def test_tensorflow_gpu_kernel_part_skips_without_that_kernel(gpu_check, tmp_pat
     assert "'gpu-lessons-tf' is not installed" in record["steps"][0]["detail"]
     assert gpu_check.validate_record(record) == [], record.get("schema_problems")
     assert record["status"] == "passed"
+
+
+# ---------------------------------------------------------------- review C3: cuBLAS workspaces
+HOPPER_WORKSPACE = 32 * 2**20  # PyTorch's cuBLAS workspace on compute capability 9.x
+
+
+def test_memory_gpu_virtual_side_holds_the_cards_cublas_workspaces(memory_gpu):
+    """On the real side, the cuBLAS workspaces of the training steps (forward thread and
+    autograd's device thread) are allocations of the caching allocator and count against the
+    256 MiB cap: on an H200 the MLP's largest batch is 3072, not 4608. The virtual side must
+    hold the same workspaces, sized as the card's, or the two answers differ by ~24 grid
+    steps on every GPU (turn-3 GPU review, C3)."""
+    cap = memory_gpu.helpers.parse_capacity(memory_gpu.OOM_CAPACITY)
+    assert memory_gpu.fits_virtual("mlp", 3072, cap, cublas_workspace=HOPPER_WORKSPACE)
+    assert not memory_gpu.fits_virtual("mlp", 3136, cap, cublas_workspace=HOPPER_WORKSPACE)
+
+
+def test_memory_gpu_real_side_makes_its_workspaces_inside_the_cap(memory_gpu, monkeypatch):
+    """The real side frees the workspaces earlier checks left (empty_cache never does), caps
+    the allocator, then runs the steps: their workspaces are made inside the cap, as the
+    virtual side's are. Rehearsed on the CPU: the order of the calls."""
+    calls = []
+    torch = memory_gpu.torch
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces",
+                        lambda: calls.append("clear workspaces"), raising=False)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, device=None: calls.append(f"cap {fraction:.3f}"))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: type("P", (), {"total_memory": 2**30})())
+    monkeypatch.setattr(memory_gpu, "cleanup", lambda: calls.append("cleanup"))
+    monkeypatch.setattr(memory_gpu, "_two_steps_fit",
+                        lambda name, batch, device: calls.append(f"steps {batch}") or True)
+    assert memory_gpu.fits_real("mlp", 64, 2**28)
+    assert calls.index("clear workspaces") < calls.index("cap 0.250") < calls.index("steps 64")
+    assert calls[-2:] == ["cap 1.000", "cleanup"]
