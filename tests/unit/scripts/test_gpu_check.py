@@ -286,7 +286,7 @@ def test_tensorflow_gpu_kernel_part_skips_without_that_kernel(gpu_check, tmp_pat
     assert record["steps"][0]["status"] == "skipped"
     assert "'gpu-lessons-tf' is not installed" in record["steps"][0]["detail"]
     assert gpu_check.validate_record(record) == [], record.get("schema_problems")
-    assert record["status"] == "passed"
+    assert record["status"] == "skipped"  # nothing ran: never "passed" (review 4.4)
 
 
 # ---------------------------------------------------------------- review C3: cuBLAS workspaces
@@ -322,3 +322,57 @@ def test_memory_gpu_real_side_makes_its_workspaces_inside_the_cap(memory_gpu, mo
     assert memory_gpu.fits_real("mlp", 64, 2**28)
     assert calls.index("clear workspaces") < calls.index("cap 0.250") < calls.index("steps 64")
     assert calls[-2:] == ["cap 1.000", "cleanup"]
+
+
+# ---------------------------------------------------------------- greens a GPU cannot earn
+@pytest.mark.parametrize("verdict", ["hidden", "no-gpu", "broken"])
+def test_a_real_part_fails_unless_a_gpu_is_usable(gpu_check, tmp_path, monkeypatch, verdict):
+    """CUDA_VISIBLE_DEVICES="" (or a SLURM job without GPUs) hides the GPU: every GPU test
+    skips, pytest exits 0, and NVML still names the GPU. Such a run must not pass, nor be
+    recorded as that GPU's result (review 4.3)."""
+    env = _record(gpu_check)["environment"]
+    env["gpu_visibility"] = {"verdict": verdict, "message": "CUDA_VISIBLE_DEVICES='' hides"}
+    monkeypatch.setattr(gpu_check, "probe_environment", lambda child_env: env)
+    step = gpu_check.Step("a step", "script", [sys.executable, "-c", "print('hello')"])
+    results = tmp_path / "results"
+    record = gpu_check.run_part("gpu-b", [step], out_dir=tmp_path / "out", dry_run=False,
+                                force=False, results_dir=results)
+    assert record["status"] == "failed"
+    assert f"GPU visibility is {verdict!r}" in " ".join(s["detail"] for s in record["steps"])
+    assert gpu_check.validate_record(record) == [], record.get("schema_problems")
+    assert not (results / "gpu-check-gpu-b.json").exists()  # never committed as GPU results
+
+
+def test_a_part_whose_steps_all_skipped_is_skipped(gpu_check, tmp_path, monkeypatch):
+    """Lesson 02 (or 05b, 08b) in a kernel without TensorFlow: every code cell is tagged
+    'tensorflow' and skipped, so nothing ran. The step and the part say "skipped"."""
+    nb = _notebook(tmp_path / "all_tf.ipynb", "import tensorflow as tf", "print(tf.ones(2))")
+    import nbformat
+
+    book = nbformat.read(nb, as_version=4)
+    for cell in book.cells[1:]:
+        cell.metadata["tags"] = ["tensorflow"]
+    nbformat.write(book, nb)
+    monkeypatch.setattr(gpu_check, "probe_environment",
+                        lambda child_env: _record(gpu_check)["environment"])
+    step = gpu_check.Step(str(nb), "notebook", notebook=str(nb))
+    record = gpu_check.run_part("notebooks-a", [step], out_dir=tmp_path / "out", dry_run=True,
+                                force=False, results_dir=None, hide_tf=True)
+    assert record["steps"][0]["status"] == "skipped", record["steps"][0]
+    assert "every code cell needs TensorFlow" in record["steps"][0]["detail"]
+    assert record["status"] == "skipped"
+    assert gpu_check.validate_record(record) == [], record.get("schema_problems")
+
+
+def test_planner_results_have_the_recorded_results_schema(gpu_check, tmp_path, monkeypatch):
+    """tests/gpu/test_planner_gpu.py's planner.json is committed with the other results: it
+    must validate as a recorded GPU result (review C4: it was {script: entry}, no kind)."""
+    planner_gpu = _load(ROOT / "tests" / "gpu" / "test_planner_gpu.py", "planner_gpu_under_test")
+    monkeypatch.setattr(planner_gpu, "RESULTS", tmp_path / "planner.json")
+    hardware = {"gpu": "NVIDIA H200", "driver": "580.65.06", "torch": "2.11.0"}
+    monkeypatch.setattr(planner_gpu, "hardware", lambda: hardware, raising=False)
+    for name in ("mlp_cuda_everywhere.py", "resnet_amp.py"):
+        planner_gpu._record(name, {"args": [], "max_memory_allocated": 1, "planned": 1})
+    data = json.loads((tmp_path / "planner.json").read_text())
+    assert gpu_check.validate_record(data) == []
+    assert sorted(data["cases"]) == ["mlp_cuda_everywhere.py", "resnet_amp.py"]
