@@ -42,6 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "tests" / "gpu" / "results"
+RESULTS_ENV = "GPU_LESSONS_RESULTS_DIR"  # = helpers.core.recorded.RESULTS_ENV
 DEFAULT_OUT = ROOT / "gpu-check-results"
 PART_KIND = "gpu-lessons gpu-check part"
 # helpers.core.recorded.KIND (not imported: no torch here)
@@ -81,6 +82,8 @@ GPU_PARTS = {"gpu-a": ["test_memory_gpu.py", "test_batch_size_gpu.py", "test_oom
              "gpu-b": None}
 THROUGHPUT, THROUGHPUT_PART = "tests/gpu/throughput_gpu.py", "gpu-b"
 STATUSES = ("passed", "failed", "skipped")
+# "check": a condition of the whole part (a real part on a GPU torch cannot use)
+STEP_KINDS = ("pytest", "script", "notebook", "check")
 
 
 # ---------------------------------------------------------------- parts and steps
@@ -251,9 +254,12 @@ def run_notebook(step: Step, env: dict, log, out_dir: Path, budget_mib: int) -> 
     from tf_cells import skip_tensorflow_cells, tensorflow_available
 
     tf_found, tf_reason = tensorflow_available(env)
+    skipped = []
     if not tf_found:
         skipped = skip_tensorflow_cells(nb, reason=tf_reason)
         log.write(f"{tf_reason}: skipping the cells tagged 'tensorflow': {skipped}\n")
+    code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
+    nothing_runs = bool(code) and set(code) <= set(skipped)
     peak: dict[str, float] = {}
     current: dict[str, int] = {}
 
@@ -285,6 +291,9 @@ def run_notebook(step: Step, env: dict, log, out_dir: Path, budget_mib: int) -> 
     except Exception as exc:  # kernel died, could not start, ...
         log.write(f"{type(exc).__name__}: {exc}\n")
         result = {"status": "failed", "detail": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    if nothing_runs and result["status"] == "passed":  # only the skip lines were printed
+        result = {"status": "skipped",
+                  "detail": f"every code cell needs TensorFlow ({tf_reason}): nothing ran"}
     clean_metadata(nb)
     executed = out_dir / "notebooks" / path.name
     executed.parent.mkdir(parents=True, exist_ok=True)
@@ -366,10 +375,24 @@ def run_part(name: str, steps: list[Step], *, out_dir: Path, dry_run: bool, forc
     env_info = probe_environment(env)
     start = time.perf_counter()
     rows = []
+    # a real part is GPU evidence only where this process can use the GPU: with it hidden
+    # (CUDA_VISIBLE_DEVICES="", a SLURM job without GPUs) every GPU test would skip and
+    # pytest exit 0, while NVML still names the GPU the record would be labelled with
+    vis = env_info.get("gpu_visibility") or {}
+    usable = dry_run or vis.get("verdict") == "usable"
     with log_path.open("w") as log:
         log.write(f"gpu_check part {name} ({'dry run' if dry_run else 'GPU'}), {date}\n"
                   f"{json.dumps(env_info, indent=1)}\n")
-        for step in steps:
+        if not usable:
+            detail = (f"GPU visibility is {vis.get('verdict')!r} ({vis.get('message')}): a "
+                      "real part passes only where torch can use the GPU; nothing was run "
+                      "(python -m helpers.core.gpu_visibility says why)")
+            rows.append({"name": "GPU visibility", "kind": "check", "status": "failed",
+                         "seconds": 0.0, "log": str(log_path.relative_to(out_dir)),
+                         "detail": detail})
+            log.write(f"\n==== {detail}\n")
+            print(f"  failed    0.0 s  GPU visibility: {detail}", flush=True)
+        for step in steps if usable else []:
             t0 = time.perf_counter()
             if step.kind == "notebook" and not kernel_installed(step.kernel):
                 res = {"status": "skipped", "kernel_peak_rss_mib": None,
@@ -390,11 +413,12 @@ def run_part(name: str, steps: list[Step], *, out_dir: Path, dry_run: bool, forc
     record = {
         "kind": PART_KIND, "schema_version": SCHEMA_VERSION, "part": name,
         "dry_run": dry_run, "date": date, "label": label(env_info, dry_run, date),
-        "status": "passed" if all(r["status"] != "failed" for r in rows) else "failed",
+        "status": part_status(rows),
         "seconds": round(time.perf_counter() - start, 1), "environment": env_info,
         "host_rss_budget_mib": budget, "steps": rows, "written": written,
     }
-    if not dry_run and results_dir is not None:
+    commit = not dry_run and usable and results_dir is not None
+    if commit:
         copy = results_dir / f"gpu-check-{name}.json"
         record["written"].append(_rel(copy))
     problems = validate_record(record)
@@ -403,11 +427,18 @@ def run_part(name: str, steps: list[Step], *, out_dir: Path, dry_run: bool, forc
         record["schema_problems"] = problems
     text = json.dumps(record, indent=1) + "\n"
     record_path.write_text(text)
-    if not dry_run and results_dir is not None:
+    if commit:
         results_dir.mkdir(parents=True, exist_ok=True)
         (results_dir / f"gpu-check-{name}.json").write_text(text)
     print(summary(record))
     return record
+
+
+def part_status(rows: list[dict]) -> str:
+    """failed if a step failed; skipped if every step skipped (nothing ran: never passed)."""
+    if any(r["status"] == "failed" for r in rows):
+        return "failed"
+    return "skipped" if all(r["status"] == "skipped" for r in rows) else "passed"
 
 
 def _rel(path: Path) -> str:
@@ -502,8 +533,8 @@ def validate_record(data) -> list[str]:
         return out
     if data["schema_version"] != SCHEMA_VERSION:
         out.append(f"schema_version: expected {SCHEMA_VERSION}, got {data['schema_version']}")
-    if data["status"] not in ("passed", "failed"):
-        out.append(f"status: {data['status']!r} is not passed/failed")
+    if data["status"] not in STATUSES:
+        out.append(f"status: {data['status']!r} is not passed/failed/skipped")
     if not _DATE.match(data["date"]):
         out.append(f"date: {data['date']!r} is not an ISO date")
     env = data["environment"]
@@ -533,15 +564,17 @@ def validate_record(data) -> list[str]:
         out += _typed(step, _STEP_FIELDS, f"steps[{i}]")
         if step.get("status") not in STATUSES:
             out.append(f"steps[{i}].status: {step.get('status')!r}")
-        if step.get("kind") not in ("pytest", "script", "notebook"):
+        if step.get("kind") not in STEP_KINDS:
             out.append(f"steps[{i}].kind: {step.get('kind')!r}")
         if step.get("kind") == "notebook":
             peak = step.get("kernel_peak_rss_mib", "missing")
             if peak is not None and not isinstance(peak, (int, float)):
                 out.append(f"steps[{i}].kernel_peak_rss_mib: expected a number or null")
-    if data["status"] == "passed" and any(
-            isinstance(s, dict) and s.get("status") == "failed" for s in data["steps"]):
+    statuses = [s.get("status") for s in data["steps"] if isinstance(s, dict)]
+    if data["status"] == "passed" and "failed" in statuses:
         out.append("status: passed although a step failed")
+    if data["status"] == "passed" and statuses and set(statuses) == {"skipped"}:
+        out.append("status: passed although every step skipped")
     return out
 
 
@@ -558,8 +591,9 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true", help="re-run parts that passed")
     parser.add_argument("--out", type=Path, default=None,
                         help="results folder (default gpu-check-results/<date>[-dry-run])")
-    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
-                        help="where a real run copies its records (for committing)")
+    parser.add_argument("--results-dir", type=Path, default=None,
+                        help="where a real run copies its records (for committing; default "
+                             f"${RESULTS_ENV} if set, else tests/gpu/results)")
     parser.add_argument("--notebooks", nargs="+", default=[], metavar="IPYNB",
                         help="run these notebooks as a part named 'custom'")
     parser.add_argument("--gpu-tests", nargs="+", default=[], metavar="FILE",
@@ -570,6 +604,8 @@ def main(argv=None) -> int:
                         help="pytest-xdist workers for the unit part (default: cores / 2, 1-8)")
     parser.add_argument("--list", action="store_true", help="list the parts and exit")
     args = parser.parse_args(argv)
+    if args.results_dir is None:
+        args.results_dir = Path(os.environ.get(RESULTS_ENV, "").strip() or RESULTS_DIR)
     workers = args.workers or max(1, min(8, (os.cpu_count() or 2) // 2))
     today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     out_dir = args.out or DEFAULT_OUT / (today + ("-dry-run" if args.dry_run else ""))
@@ -589,19 +625,23 @@ def main(argv=None) -> int:
         parser.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(table)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"gpu-check: parts {', '.join(names)}; results in {out_dir}", flush=True)
-    failed = []
+    failed, skipped = [], []
     for name in names:
         print(f"---- part {name}", flush=True)
         record = run_part(name, table[name], out_dir=out_dir, dry_run=args.dry_run,
                           force=args.force, results_dir=args.results_dir,
                           hide_tf=args.hide_tensorflow)
-        if record["status"] != "passed":
+        if record["status"] == "failed":
             failed.append(name)
+        elif record["status"] == "skipped":
+            skipped.append(name)
     shutil.rmtree(out_dir / "hide-tensorflow", ignore_errors=True)
     if failed:
         print(f"gpu-check: FAILED part(s): {', '.join(failed)} (logs in {out_dir / 'logs'})")
         return 1
-    print(f"gpu-check: all {len(names)} part(s) passed; results in {out_dir}")
+    if skipped:  # nothing ran in them: no evidence either way
+        print(f"gpu-check: SKIPPED part(s), nothing ran: {', '.join(skipped)}")
+    print(f"gpu-check: {len(names) - len(skipped)} part(s) passed; results in {out_dir}")
     return 0
 
 

@@ -25,9 +25,13 @@ from pathlib import Path
 from .checks import text
 from .fmt import ShownAsTable
 
-__all__ = ["recorded_gpu_results", "RecordedGpuResults", "RESULTS_DIR"]
+__all__ = ["recorded_gpu_results", "RecordedGpuResults", "RESULTS_DIR", "RESULTS_ENV",
+           "results_dir"]
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "tests" / "gpu" / "results"
+# where the GPU tests write, and the lessons read, instead of this checkout's folder: a first
+# GPU run on a node (tests/gpu/first_run.sh) keeps the tree clean and ships one folder back
+RESULTS_ENV = "GPU_LESSONS_RESULTS_DIR"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
 KIND = "gpu-lessons recorded GPU results"
 
@@ -69,13 +73,21 @@ class RecordedGpuResults(ShownAsTable):
         return self.label
 
 
+def results_dir() -> Path:
+    """The recorded GPU results folder: ``$GPU_LESSONS_RESULTS_DIR`` if set, else
+    ``tests/gpu/results`` of this checkout (what is committed)."""
+    override = os.environ.get(RESULTS_ENV, "").strip()
+    return Path(override).expanduser() if override else RESULTS_DIR
+
+
 def recorded_gpu_results(name: str = "memory", *, directory=None) -> RecordedGpuResults | None:
     """The results a GPU test script recorded under ``name``, or None if there are none.
 
     Args:
         name: the results file's name without ``.json`` ("memory" for tests/gpu's memory
             script).
-        directory: where to look (default: ``tests/gpu/results`` of this checkout).
+        directory: where to look (default: :func:`results_dir`, ``tests/gpu/results`` of
+            this checkout unless ``$GPU_LESSONS_RESULTS_DIR`` names another folder).
 
     Returns:
         A :class:`RecordedGpuResults` (``label``, ``hardware``, ``data``), or None when the
@@ -86,7 +98,7 @@ def recorded_gpu_results(name: str = "memory", *, directory=None) -> RecordedGpu
         raise ValueError(f"name must be a lowercase file stem such as 'memory', got {name!r}")
     if directory is not None and not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"directory must be a folder path, got {type(directory).__name__}")
-    path = (RESULTS_DIR if directory is None else Path(directory)) / f"{name}.json"
+    path = (results_dir() if directory is None else Path(directory)) / f"{name}.json"
     if not path.is_file():
         return None
     try:

@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import helpers  # noqa: E402
-from helpers.core.recorded import KIND, RESULTS_DIR  # noqa: E402
+from helpers.core.recorded import KIND, results_dir  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 NO_GPU = "needs a CUDA GPU (torch.cuda.is_available() is False): run it on a GPU machine"
@@ -276,8 +276,9 @@ def run_all(write: bool = True) -> dict:
                                 for f in check_memory_claims(row)]
     results["keras"] = keras_speed()
     if write:
-        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        (RESULTS_DIR / f"{RESULTS_NAME}.json").write_text(json.dumps(results, indent=2) + "\n")
+        results_dir().mkdir(parents=True, exist_ok=True)
+        path = results_dir() / f"{RESULTS_NAME}.json"
+        path.write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 
@@ -310,14 +311,14 @@ def test_speedups_are_measured_and_recorded(gpu_results):
     for row in gpu_results["speed"]:
         assert set(row["seconds"]) >= {"fp32", "fp16"}
         assert all(s > 0 for s in row["seconds"].values())
-    assert (RESULTS_DIR / f"{RESULTS_NAME}.json").is_file()
+    assert (results_dir() / f"{RESULTS_NAME}.json").is_file()
     assert helpers.recorded_gpu_results(RESULTS_NAME) is not None
 
 
 def test_skips_without_a_gpu_with_the_reason(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the checks above ran")
-    path = RESULTS_DIR / f"{RESULTS_NAME}.json"
+    path = results_dir() / f"{RESULTS_NAME}.json"
     before = path.stat().st_mtime_ns if path.exists() else None
     assert main([]) == 0
     assert "needs a CUDA GPU" in capsys.readouterr().out
@@ -354,7 +355,7 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     results = run_all(write=True)
     print(format_results(results))
-    print(f"written: {RESULTS_DIR / (RESULTS_NAME + '.json')}")
+    print(f"written: {results_dir() / (RESULTS_NAME + '.json')}")
     return 0 if not results["claims_failed"] else 1
 
 

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import helpers  # noqa: E402
-from helpers.core.recorded import KIND, RESULTS_DIR  # noqa: E402
+from helpers.core.recorded import KIND, results_dir  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 NO_GPU = "needs a CUDA GPU (torch.cuda.is_available() is False): run it on a GPU machine"
@@ -280,8 +280,8 @@ def run_all(write: bool = True) -> dict:
         "oom": oom_check(cublas_workspace=real_cublas_workspace()),
     }
     if write:
-        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        (RESULTS_DIR / "memory.json").write_text(json.dumps(results, indent=2) + "\n")
+        results_dir().mkdir(parents=True, exist_ok=True)
+        (results_dir() / "memory.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 
@@ -381,7 +381,7 @@ def main(argv: list[str]) -> int:
         return 0
     results = run_all(write=True)
     print(format_results(results))
-    print(f"written: {RESULTS_DIR / 'memory.json'}")
+    print(f"written: {results_dir() / 'memory.json'}")
     problems = limit_inside_grid(results["oom"])
     print(*problems, sep="\n")
     ok = all(p["within_target"] for p in results["peaks"] if p["activation_dominated"])

@@ -8,7 +8,8 @@ real on CUDA GPU 0, unmodified, in a fresh process: a wrapper stops it after its
 optimizer step and reads ``torch.cuda.max_memory_allocated()`` (measured from a baseline
 taken after cuBLAS's workspaces exist, since the plan does not count them). The planner's
 ``peak_allocated_bytes`` for the same arguments is compared with it, and both are recorded in
-``tests/gpu/results/planner.json`` (with the card, torch and CUDA versions).
+``tests/gpu/results/planner.json`` (a recorded GPU results file: the card, driver, torch and
+CUDA versions, and the figures per script under ``cases``).
 
 Expected differences, recorded rather than asserted to the byte: CUDA's autocast runs some
 operations in float32 where the CPU's stays in low precision (the plan lists them), cuDNN
@@ -19,6 +20,7 @@ the tests skip with the reason.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -29,13 +31,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.core.recorded import KIND, results_dir
 from helpers.memory.planner import will_it_fit
 
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "planner_scripts"
-RESULTS = Path(__file__).resolve().parent / "results" / "planner.json"
+RESULTS = results_dir() / "planner.json"
 
 CASES = {
     "mlp_cuda_everywhere.py": ["--batch-size", "512"],
@@ -75,10 +78,26 @@ WRAPPER = textwrap.dedent("""\
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+def hardware() -> dict:
+    """GPU 0, the driver (from NVML) and the versions, as every recorded result names them."""
+    from helpers.core.nvml import nvml_status
+
+    ok, driver = nvml_status()
+    return {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "driver": driver.removeprefix("driver ") if ok else f"unknown ({driver})"}
+
+
 def _record(name: str, entry: dict) -> None:
+    """Add one script's figures to planner.json, a recorded GPU results file (the schema of
+    scripts/gpu_check.py's validate_record: kind, script, date, hardware; cases by script)."""
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    data[name] = entry
+    if data.get("kind") != KIND:  # none yet, or the old {script: entry} layout
+        data = {"kind": KIND, "script": "tests/gpu/test_planner_gpu.py", "cases": {}}
+    data["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+    data["hardware"] = hardware()
+    data["cases"][name] = entry
     RESULTS.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 

@@ -28,8 +28,8 @@ from functools import partial
 from pathlib import Path
 
 import helpers
-from helpers.core.recorded import KIND
-from helpers.throughput import RESULTS_DIR, RESULTS_NAME
+from helpers.core.recorded import KIND, results_dir
+from helpers.throughput import RESULTS_NAME
 
 NAME = RESULTS_NAME
 
@@ -228,7 +228,7 @@ def main(argv=None) -> int:
               "notes": "measured by tests/gpu/throughput_gpu.py" + (" --quick" if args.quick
                                                                     else "")}
     result.update(ladders(device, quick=args.quick))
-    out = args.out or RESULTS_DIR / f"{NAME}.json"
+    out = args.out or results_dir() / f"{NAME}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     for rung in result["rungs"]:
