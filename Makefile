@@ -8,7 +8,8 @@
 #           SITE=1  a small environment over a Python that already has PyTorch (cluster)
 #           PYTHON=python3.11   interpreter used to create the environment
 #           PORT=8888           JupyterLab's port
-#           WHEELHOUSE=dir      install offline from `make wheelhouse` (no internet needed)
+#           WHEELHOUSE=dir      install offline from `make wheelhouse` (no internet needed;
+#                               kernel-tf reads dir-tf, or WHEELHOUSE_TF=dir)
 # More: make refresh LESSON=03, release, release-solutions, kernel, kernel-tf GPU=1 (TensorFlow
 #       on the GPU, own environment), wheelhouse, outputs NB=03, minutes [NB=03],
 #       gpu-check [PART= DRY_RUN=1]
@@ -119,13 +120,17 @@ kernel: setup
 # each other's cuDNN and NCCL (README "GPU machines"). Its torch is the CPU build, on purpose.
 VENV_TF ?= .venv-tf
 PY_TF := $(VENV_TF)/bin/python
+# its wheels offline: `make wheelhouse GPU=1` puts them in wheelhouse-tf/, apart from wheelhouse/
+# (another torch and CUDA stack); WHEELHOUSE=dir reads dir-tf, WHEELHOUSE_TF=dir names the folder
+WHEELHOUSE_TF ?= $(if $(WHEELHOUSE),$(patsubst %/,%,$(WHEELHOUSE))-tf)
+PIP_SOURCE_TF = $(if $(WHEELHOUSE_TF),--no-index --find-links $(WHEELHOUSE_TF))
 $(VENV_TF)/.installed: requirements.txt requirements-gpu-tf.txt pyproject.toml
 	@test -x $(PY_TF) || $(PYTHON) -m venv $(VENV_TF)
-	$(if $(WHEELHOUSE),,$(PY_TF) -m pip install --quiet --upgrade pip)
+	$(if $(WHEELHOUSE_TF),,$(PY_TF) -m pip install --quiet --upgrade pip)
 	$(call without_frameworks,$(VENV_TF))
-	$(PY_TF) -m pip install --quiet $(PIP_SOURCE) -r requirements-gpu-tf.txt \
+	$(PY_TF) -m pip install --quiet $(PIP_SOURCE_TF) -r requirements-gpu-tf.txt \
 	  -r $(VENV_TF)/requirements-nofw.txt
-	$(PY_TF) -m pip install --quiet --no-deps $(PIP_SOURCE) -e .
+	$(PY_TF) -m pip install --quiet --no-deps $(PIP_SOURCE_TF) -e .
 	$(PY_TF) -c 'import sys, tensorflow as tf; \
 	  sys.exit(0 if tf.config.list_physical_devices("GPU") else "TensorFlow sees no GPU")'
 	@touch $@
@@ -135,6 +140,7 @@ kernel-tf: $(VENV_TF)/.installed
 	  --display-name "Python (gpu-lessons, TensorFlow GPU)"
 
 # wheels for offline installs on compute nodes: `make setup WHEELHOUSE=wheelhouse`.
+# GPU=1: also wheelhouse-tf/, the TensorFlow GPU environment's (`make kernel-tf WHEELHOUSE=...`)
 # SITE=1: only what gpu-check needs beyond a site's Python, for PYVER (default: PYTHON's),
 # without SITE_PROVIDES (set it empty to download numpy and matplotlib too, about 39 MiB more)
 PYVER ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
@@ -149,6 +155,11 @@ else ifeq ($(GPU),1)
 	$(call without_frameworks,$(VENV))
 	$(PY) -m pip download --quiet -d wheelhouse -r requirements-gpu.txt \
 	  -r $(VENV)/requirements-nofw.txt setuptools wheel
+	@# in a folder of its own, so that each folder holds one torch (the +cpu wheel from the index
+	@# that requirements-gpu-tf.txt names satisfies torch==2.13.0 too) and one CUDA stack
+	$(PY) -m pip download --quiet -d wheelhouse-tf -r requirements-gpu-tf.txt \
+	  -r $(VENV)/requirements-nofw.txt setuptools wheel
+	@echo "wheelhouse-tf/ ready (TensorFlow GPU environment): make kernel-tf WHEELHOUSE=wheelhouse"
 else
 	$(PY) -m pip download --quiet -d wheelhouse -r requirements.txt setuptools wheel
 endif

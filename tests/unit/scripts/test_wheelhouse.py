@@ -15,7 +15,8 @@ def make_commands(*args: str) -> list[list[str]]:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     text = done.stdout.replace("\\\n", " ")
-    return [shlex.split(line, comments=True) for line in text.splitlines() if line.strip()]
+    commands = [shlex.split(line, comments=True) for line in text.splitlines()]
+    return [c for c in commands if c]  # comment lines (@#) split into nothing
 
 
 def pip(commands: list[list[str]], verb: str, requirement: str) -> list[list[str]]:
