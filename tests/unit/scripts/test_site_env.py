@@ -3,6 +3,7 @@
 The real environment over a Python that is itself a venv is built in tests/test_site_mode.py.
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -125,3 +126,76 @@ def test_help():
     done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True,
                           text=True)
     assert done.returncode == 0 and "setup" in done.stdout and "wheelhouse" in done.stdout
+
+
+# ---------------------------------------------------------------- one CUDA stack per process
+MIXED = (r"torch 2\.13\.0\+cu130 is built for CUDA 13\.0 and TensorFlow 2\.21\.0 for CUDA "
+         r"12\.5\.1")
+
+
+@pytest.mark.parametrize("torch_cuda, tensorflow_cuda", [
+    ("13.0", None),  # TensorFlow's CPU build (or none)
+    (None, "12.5.1"),  # torch's CPU build
+    ("12.8", "12.5.1"),  # one CUDA major: one cuDNN, one NCCL
+    ("13.0", "13.0"),
+])
+def test_one_cuda_major_passes(torch_cuda, tensorflow_cuda):
+    assert site_env.check_frameworks("2.13.0+cu130", "2.21.0", torch_cuda=torch_cuda,
+                                     tensorflow_cuda=tensorflow_cuda) == []
+
+
+def test_torch_and_tensorflow_on_different_cuda_majors_are_refused():
+    """Their cuDNN and NCCL wheels collide in one process (README "GPU machines")."""
+    problems = site_env.check_frameworks("2.13.0+cu130", "2.21.0", torch_cuda="13.0",
+                                         tensorflow_cuda="12.5.1")
+    assert len(problems) == 1 and re.search(MIXED, problems[0]), problems
+    assert "a site Python without TensorFlow" in problems[0]
+    assert "make kernel-tf GPU=1" in problems[0]  # TensorFlow on the GPU: the kit's .venv-tf
+    with pytest.raises(TypeError, match="^torch_cuda must be"):
+        site_env.check_frameworks("2.13.0", None, torch_cuda=13.0)
+    with pytest.raises(ValueError, match="^tensorflow_cuda: "):
+        site_env.check_frameworks("2.13.0", "2.21.0", tensorflow_cuda="unknown")
+
+
+def _fake_site(root: Path, tensorflow_cuda: str | None) -> Path:
+    """torch 2.13.0+cu130 (CUDA 13.0) and TensorFlow 2.21.0 (built for ``tensorflow_cuda``)
+    whose packages raise when imported: the probe must read their build files instead."""
+    for name, version in (("torch", "2.13.0+cu130"), ("tensorflow", "2.21.0")):
+        (root / name).mkdir(parents=True)
+        (root / name / "__init__.py").write_text(f"raise ImportError('{name} imported')\n")
+        meta = root / f"{name}-{version.split('+')[0]}.dist-info"
+        meta.mkdir()
+        (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\n"
+                                       f"Version: {version}\n")
+    (root / "torch" / "version.py").write_text(
+        "from typing import Optional\n__version__ = '2.13.0+cu130'\n"
+        "cuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n")
+    platform = root / "tensorflow" / "python" / "platform"
+    platform.mkdir(parents=True)
+    items = [("is_cuda_build", tensorflow_cuda is not None)]
+    if tensorflow_cuda:
+        items += [("cuda_version", tensorflow_cuda), ("cudnn_version", "9")]
+    (platform / "build_info.py").write_text(
+        f"import collections\n\nbuild_info = collections.OrderedDict({items!r})\n")
+    return root
+
+
+def test_probe_reads_the_cuda_builds_without_importing_the_frameworks(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(_fake_site(tmp_path / "site", "12.5.1")))
+    probe = site_env.probe_python(sys.executable)
+    assert (probe["torch"], probe["tensorflow"]) == ("2.13.0+cu130", "2.21.0")
+    assert (probe["torch_cuda"], probe["tensorflow_cuda"]) == ("13.0", "12.5.1")
+
+
+@pytest.mark.parametrize("tensorflow_cuda", ["12.5.1", None])
+def test_check_command_refuses_a_site_python_with_two_cuda_majors(tmp_path, tensorflow_cuda):
+    site = _fake_site(tmp_path / "site", tensorflow_cuda)
+    done = subprocess.run([sys.executable, str(SCRIPT), "check", "--python", sys.executable],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(site)})
+    if tensorflow_cuda is None:  # TensorFlow's CPU build beside a CUDA torch: fine
+        assert done.returncode == 0, done.stderr
+        assert "supported: torch 2.13.0+cu130, TensorFlow 2.21.0" in done.stdout
+    else:
+        assert done.returncode == 1, done.stdout
+        assert re.search("site_env: " + MIXED, done.stderr), done.stderr
