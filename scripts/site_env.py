@@ -52,6 +52,7 @@ NEVER_INSTALL = {"torch", "tensorflow", "tensorflow-cpu", "tensorflow-intel", "k
 # Run by the site's Python (``-s``: without the user site): what it knows about itself.
 _PROBE = r"""
 import json, os, sys, sysconfig
+import importlib.util
 from importlib import metadata
 pythonpath = set(os.environ.get("PYTHONPATH", "").split(os.pathsep))
 def version(name):
@@ -59,6 +60,24 @@ def version(name):
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+def build_record(package, *parts):
+    # a framework's own record of its build, read without importing the framework (seconds,
+    # and the CUDA libraries loaded): torch/version.py (torch.version), TensorFlow's
+    # python/platform/build_info.py (what tf.sysconfig.get_build_info() returns)
+    try:
+        spec = importlib.util.find_spec(package)
+        folders = list(spec.submodule_search_locations or []) if spec else []
+        path = os.path.join(folders[0], *parts) if folders else ""
+        if not os.path.isfile(path):
+            return {}
+        spec = importlib.util.spec_from_file_location(f"_site_env_{package}_build", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return vars(module)
+    except Exception:
+        return {}
+def text_or_none(value):
+    return str(value) if value else None
 paths = sysconfig.get_paths()
 std = {paths["stdlib"], paths["platstdlib"]}
 print(json.dumps({
@@ -70,6 +89,10 @@ print(json.dumps({
     "stdlib": sorted(std),
     "torch": version("torch"),
     "tensorflow": version("tensorflow") or version("tensorflow-cpu"),
+    "torch_cuda": text_or_none(build_record("torch", "version.py").get("cuda")),
+    "tensorflow_cuda": text_or_none((build_record("tensorflow", "python", "platform",
+                                                  "build_info.py").get("build_info")
+                                     or {}).get("cuda_version")),
 }))
 """
 
@@ -108,12 +131,31 @@ def _span(bounds: tuple[tuple[int, ...], tuple[int, ...]]) -> str:
     return f">= {low} and < {high}"
 
 
-def check_frameworks(torch: str | None, tensorflow: str | None) -> list[str]:
+def _cuda_major(value: str | None, argument: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{argument} must be a str (a CUDA version such as '12.5.1') or None, "
+                        f"got {type(value).__name__}")
+    match = re.fullmatch(r"\s*(\d+)(?:\.\d+)*\s*", value)
+    if not match:
+        raise ValueError(f"{argument}: cannot read a CUDA version from {value!r}")
+    return int(match.group(1))
+
+
+def check_frameworks(torch: str | None, tensorflow: str | None, *,
+                     torch_cuda: str | None = None,
+                     tensorflow_cuda: str | None = None) -> list[str]:
     """The reasons the site's frameworks are not supported (empty: supported).
 
     ``torch`` is required and must lie in TORCH_RANGE; ``tensorflow`` may be None (absent),
-    otherwise it must lie in TENSORFLOW_RANGE.
+    otherwise it must lie in TENSORFLOW_RANGE. ``torch_cuda`` (``torch.version.cuda``) and
+    ``tensorflow_cuda`` (``tf.sysconfig.get_build_info()["cuda_version"]``) are the CUDA
+    versions they were built for, None for a CPU build (or unknown): one process cannot hold
+    two CUDA majors, whose cuDNN and NCCL libraries collide (README "GPU machines").
     """
+    torch_major = _cuda_major(torch_cuda, "torch_cuda")
+    tensorflow_major = _cuda_major(tensorflow_cuda, "tensorflow_cuda")
     problems = []
     if torch is None:
         problems.append("torch is not installed in the site's Python: load the site's "
@@ -128,6 +170,16 @@ def check_frameworks(torch: str | None, tensorflow: str | None) -> list[str]:
         problems.append(f"TensorFlow {tensorflow} is not supported: the kit needs TensorFlow "
                         f"{_span(TENSORFLOW_RANGE)}, or none (its cells then skip with the "
                         "reason). Unload the TensorFlow module")
+    if (torch is not None and tensorflow is not None and None not in (torch_major,
+                                                                      tensorflow_major)
+            and torch_major != tensorflow_major):
+        problems.append(f"torch {torch} is built for CUDA {torch_cuda} and TensorFlow "
+                        f"{tensorflow} for CUDA {tensorflow_cuda}: in one process their "
+                        "cuDNN and NCCL libraries collide (README 'GPU machines'). Use a site "
+                        "Python without TensorFlow (unload the TensorFlow module: its cells "
+                        "then skip with the reason), or one whose torch and TensorFlow share a "
+                        "CUDA major (PYTHON=/path/to/python); for TensorFlow on the GPU, the "
+                        "kit's own environment: `make kernel-tf GPU=1`")
     return problems
 
 
@@ -212,7 +264,9 @@ def setup(python: str, venv: Path, requirements: Path, wheelhouse: str | None,
     if version[:2] < PYTHON_FLOOR:
         raise SiteError(f"Python {'.'.join(map(str, version))} is too old: the kit needs "
                         f"Python >= {'.'.join(map(str, PYTHON_FLOOR))}")
-    problems = check_frameworks(probe["torch"], probe["tensorflow"])
+    problems = check_frameworks(probe["torch"], probe["tensorflow"],
+                                torch_cuda=probe.get("torch_cuda"),
+                                tensorflow_cuda=probe.get("tensorflow_cuda"))
     if problems:
         raise SiteError("\n".join(problems))
     print(f"site Python: {probe['executable']} ({'.'.join(map(str, version))}"
@@ -389,7 +443,10 @@ def main(argv: list[str] | None = None) -> int:
             torch = args.torch or probe["torch"]
             tf = args.tensorflow if args.tensorflow else probe["tensorflow"]
             tf = None if tf in (None, "none") else tf
-            problems = check_frameworks(torch, tf)
+            # the CUDA builds are known for the installed versions only
+            problems = check_frameworks(
+                torch, tf, torch_cuda=None if args.torch else probe.get("torch_cuda"),
+                tensorflow_cuda=None if args.tensorflow else probe.get("tensorflow_cuda"))
             if problems:
                 raise SiteError("\n".join(problems))
             print(f"supported: torch {torch}, TensorFlow {tf or 'absent'}")
