@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -131,6 +132,62 @@ def test_tensorflow_available_in_a_child_environment(tmp_path):
         else "TensorFlow is not installed (or hidden)")
     with pytest.raises(TypeError, match="^env must be a dict"):
         tf_cells.tensorflow_available(["PATH=/bin"])
+
+
+def _kernel_python(tmp_path: Path, name: str, hide: bool) -> Path:
+    """An interpreter for a kernel: this Python behind a shell script that hides TensorFlow
+    (``hide``) or drops whatever PYTHONPATH hid it (the kit's checkout only)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    if hide:
+        (folder / "sitecustomize.py").write_text(
+            _load(ROOT / "scripts" / "gpu_check.py", "gpu_check_for_tf_cells").HIDE_TF)
+        path = f'{folder}{os.pathsep}{ROOT}${{PYTHONPATH:+{os.pathsep}$PYTHONPATH}}'
+    else:
+        path = str(ROOT)
+    script = folder / "python"
+    script.write_text(f'#!/bin/sh\nexport PYTHONPATH="{path}"\nexec "{sys.executable}" "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+def test_tensorflow_available_asks_the_interpreter_it_is_given(tmp_path):
+    """The kernel's interpreter decides, not the runner's (notebooks-tf: the TensorFlow GPU
+    kernel runs .venv-tf's Python while gpu_check runs in .venv or .venv-site)."""
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("needs TensorFlow in this environment (requirements.txt has it)")
+    (tmp_path / "runner").mkdir()
+    hidden = _hidden_env(tmp_path / "runner")  # the runner's view: no TensorFlow
+    shown = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with_tf = _kernel_python(tmp_path, "with-tf", hide=False)
+    without_tf = _kernel_python(tmp_path, "without-tf", hide=True)
+    assert tf_cells.tensorflow_available(hidden, python=str(with_tf)) == (
+        True, "TensorFlow is installed")
+    assert tf_cells.tensorflow_available(shown, python=without_tf)[0] is False
+    assert tf_cells.tensorflow_available(python=str(without_tf))[0] is False  # os.environ
+    missing = tf_cells.tensorflow_available(shown, python=str(tmp_path / "no-such-python"))
+    assert missing[0] is False and "no-such-python" in missing[1]
+    with pytest.raises(TypeError, match="^python must be"):
+        tf_cells.tensorflow_available(shown, python=3)
+    with pytest.raises(ValueError, match="^python must be"):
+        tf_cells.tensorflow_available(shown, python="")
+
+
+def test_kernel_python_is_the_interpreter_jupyter_starts(tmp_path, monkeypatch):
+    python = _kernel_python(tmp_path, "with-tf", hide=False)
+    spec = tmp_path / "jupyter" / "kernels" / "fake-tf"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "fake", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    assert tf_cells.kernel_python("fake-tf") == str(python)
+    # the default kernel's argv[0] is "python": jupyter_client starts sys.executable then
+    assert tf_cells.kernel_python("python3") == sys.executable
+    with pytest.raises(TypeError, match="^name must be"):
+        tf_cells.kernel_python(None)
+    with pytest.raises(ValueError, match="^name must be"):
+        tf_cells.kernel_python("")
 
 
 # ---------------------------------------------------------------- the convention, statically

@@ -376,3 +376,58 @@ def test_planner_results_have_the_recorded_results_schema(gpu_check, tmp_path, m
     data = json.loads((tmp_path / "planner.json").read_text())
     assert gpu_check.validate_record(data) == []
     assert sorted(data["cases"]) == ["mlp_cuda_everywhere.py", "resnet_amp.py"]
+    assert record["status"] == "passed"
+
+
+TF_TAGGED = ("import importlib.util\n"
+             "assert importlib.util.find_spec('tensorflow'), 'this kernel has no TensorFlow'\n"
+             "print('the TensorFlow cell ran')")
+
+
+@pytest.mark.parametrize("kernel_has_tf", [True, False])
+def test_run_notebook_skips_tensorflow_cells_by_the_kernels_interpreter(
+        gpu_check, tmp_path, monkeypatch, kernel_has_tf):
+    """notebooks-tf: the runner (.venv, or .venv-site without TensorFlow) is not the kernel's
+    Python (gpu-lessons-tf: .venv-tf's). Here the kernel's interpreter is this Python behind a
+    script that shows TensorFlow the runner's environment hides (a skip would be a false green),
+    or hides the TensorFlow the runner sees (running the cell would fail)."""
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("needs TensorFlow in this environment (requirements.txt has it)")
+    import nbformat
+
+    folder = tmp_path / "interpreter"
+    folder.mkdir()
+    if kernel_has_tf:
+        path = str(ROOT)  # the hiding sitecustomize of the runner's env dropped
+    else:
+        (folder / "sitecustomize.py").write_text(gpu_check.HIDE_TF)
+        path = f"{folder}{os.pathsep}{ROOT}"
+    python = folder / "python"
+    python.write_text(f'#!/bin/sh\nexport PYTHONPATH="{path}"\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    spec = tmp_path / "jupyter" / "kernels" / "fake-tf"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "fake TensorFlow kernel", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    nb_path = _notebook(tmp_path / "tf.ipynb", "x = 1")
+    nb = nbformat.read(nb_path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(TF_TAGGED, metadata={"tags": ["tensorflow"]}))
+    nbformat.write(nb, nb_path)
+    out = tmp_path / "out"
+    env = gpu_check.child_env(out, True, gpu_check.CPU_KERNEL_BUDGET_MIB,
+                              hide_tf=kernel_has_tf)  # the runner's view: the opposite
+    step = gpu_check.Step("tf.ipynb (kernel fake-tf)", "notebook", notebook=str(nb_path),
+                          kernel="fake-tf")
+    with (tmp_path / "log.txt").open("w") as log:
+        result = gpu_check.run_notebook(step, env, log, out, gpu_check.CPU_KERNEL_BUDGET_MIB)
+    log_text = (tmp_path / "log.txt").read_text()
+    assert result["status"] == "passed", (result, log_text[-2000:])
+    executed = nbformat.read(out / "notebooks" / "tf.ipynb", as_version=4)
+    printed = "".join(o.get("text", "") for o in executed.cells[-1].outputs)
+    if kernel_has_tf:
+        assert printed == "the TensorFlow cell ran\n", (printed, log_text[-2000:])
+    else:
+        assert printed.startswith("skipped: TensorFlow is not installed (or hidden)"), printed
