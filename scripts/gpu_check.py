@@ -248,12 +248,13 @@ def run_notebook(step: Step, env: dict, log, out_dir: Path, budget_mib: int) -> 
         step.notebook)
     nb = nbformat.read(path, as_version=4)
     # without TensorFlow (or with --hide-tensorflow) the cells tagged 'tensorflow' print why
-    # they were skipped instead of failing; the kernel's view decides (this step's env)
+    # they were skipped instead of failing; the kernel's view decides (its interpreter, from
+    # its kernelspec, with this step's env)
     if str(Path(__file__).resolve().parent) not in sys.path:
         sys.path.insert(0, str(Path(__file__).resolve().parent))  # loaded by file path
-    from tf_cells import skip_tensorflow_cells, tensorflow_available
+    from tf_cells import kernel_python, skip_tensorflow_cells, tensorflow_available
 
-    tf_found, tf_reason = tensorflow_available(env)
+    tf_found, tf_reason = tensorflow_available(env, python=kernel_python(step.kernel))
     skipped = []
     if not tf_found:
         skipped = skip_tensorflow_cells(nb, reason=tf_reason)

@@ -5,8 +5,8 @@ Convention (CONTRIBUTING.md): every code cell of solutions/*.ipynb that needs Te
 ``make lessons`` copies tags into lessons/. A GPU node that has PyTorch but no TensorFlow (or
 ``gpu_check.py --hide-tensorflow``) then runs every other cell unchanged:
 
-    from tf_cells import skip_tensorflow_cells, tensorflow_available
-    if not tensorflow_available(env)[0]:
+    from tf_cells import kernel_python, skip_tensorflow_cells, tensorflow_available
+    if not tensorflow_available(env, python=kernel_python("gpu-lessons-tf"))[0]:
         skip_tensorflow_cells(nb, reason="TensorFlow is not installed")
 
 ``python scripts/tf_cells.py`` lists the tagged cells of every solutions notebook.
@@ -14,6 +14,7 @@ Convention (CONTRIBUTING.md): every code cell of solutions/*.ipynb that needs Te
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,24 +65,58 @@ def skip_tensorflow_cells(nb, reason: str = DEFAULT_REASON) -> list[int]:
     return indices
 
 
-def tensorflow_available(env: dict | None = None) -> tuple[bool, str]:
+def kernel_python(name: str) -> str:
+    """The interpreter Jupyter starts for the kernel ``name``: its kernelspec's ``argv[0]``,
+    substituted as jupyter_client does (``python``, ``python3``, ``python3.X``: this
+    interpreter; ``{prefix}``, ``{resource_dir}``). A bare command name is looked up on the
+    kernel environment's PATH when it starts, as by ``tensorflow_available``.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a Jupyter kernel name (str), got {type(name).__name__}")
+    if not name.strip():
+        raise ValueError(f"name must be a non-empty Jupyter kernel name, got {name!r}")
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec(name)
+    first = spec.argv[0] if spec.argv else "python"
+    major, minor = sys.version_info[:2]
+    if first in {"python", f"python{major}", f"python{major}.{minor}"}:
+        return sys.executable
+    return first.replace("{prefix}", sys.prefix).replace("{resource_dir}", spec.resource_dir)
+
+
+def tensorflow_available(env: dict | None = None,
+                         python: str | os.PathLike | None = None) -> tuple[bool, str]:
     """Whether ``import tensorflow`` can find TensorFlow, and a one-line reason.
 
-    Without ``env``: this interpreter (``importlib.util.find_spec``). With ``env``: a child of this
-    interpreter run with that environment, as a kernel started with it would see it (a
-    sitecustomize on its PYTHONPATH that hides TensorFlow included).
+    Without ``env`` and ``python``: this interpreter (``importlib.util.find_spec``). Otherwise
+    a child process of ``python`` (default: this interpreter; a kernel's: ``kernel_python``)
+    run with ``env`` (default: this process's environment), as a kernel started that way would
+    see it (a sitecustomize on its PYTHONPATH that hides TensorFlow included). An interpreter
+    that cannot be started counts as no TensorFlow, with the reason.
     """
-    if env is None:
+    if python is not None:
+        if not isinstance(python, (str, os.PathLike)):
+            raise TypeError(f"python must be the path or command name of a Python interpreter, "
+                            f"got {type(python).__name__}")
+        if not os.fspath(python).strip():
+            raise ValueError(f"python must be the path or command name of a Python "
+                             f"interpreter, got {python!r}")
+    if env is None and python is None:
         try:
             found = importlib.util.find_spec("tensorflow") is not None
         except (ImportError, ValueError) as exc:
             return False, f"TensorFlow cannot be found ({type(exc).__name__}: {exc})"
     else:
-        if not isinstance(env, dict):
+        if env is not None and not isinstance(env, dict):
             raise TypeError(f"env must be a dict of environment variables, got "
                             f"{type(env).__name__}")
-        done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
-                              text=True, timeout=120)
+        interpreter = os.fspath(python) if python is not None else sys.executable
+        try:
+            done = subprocess.run([interpreter, "-c", _PROBE], env=env, capture_output=True,
+                                  text=True, timeout=120)
+        except OSError as exc:  # the kernel could not start either: its step fails
+            return False, f"the TensorFlow probe cannot run {interpreter} ({exc})"
         if done.returncode not in (0, 3):
             return False, (f"the TensorFlow probe failed (exit {done.returncode}): "
                            f"{done.stderr.strip()[-300:]}")
