@@ -28,6 +28,12 @@ and these failures (``fail=`` one name or several):
 * ``"not_supported"``: utilisation, temperature and power raise ``NVMLError_NotSupported``;
 * ``"uuid_unsupported"``: ``nvmlDeviceGetUUID`` raises ``NVMLError_NotSupported``.
 
+Per GPU (arguments of :class:`FakeGpu`):
+
+* ``cgroup_hidden=True``: ``nvmlDeviceGetHandleByIndex`` raises ``NVMLError_NoPermission`` for
+  that GPU, while ``nvmlDeviceGetCount`` still counts it (a SLURM job's cgroup hides the
+  GPUs of other jobs on the node).
+
 Used by ``tests/rehearsal`` together with :class:`helpers.SimulatedCuda` (the default UUIDs
 match: ``"GPU-" + simulated_uuid(i)``). Importing this module does not import torch.
 """
@@ -39,7 +45,7 @@ import sys
 import types
 from dataclasses import dataclass, field
 
-from .checks import text, whole_number
+from .checks import flag, text, whole_number
 
 __all__ = ["FakeNvml", "FakeGpu", "FAILURES", "NVMLError", "NVMLLibraryMismatchError",
            "simulated_uuid"]
@@ -133,6 +139,8 @@ class FakeGpu:
 
     ``processes`` holds ``(pid, used_bytes)`` pairs; ``used_bytes`` None means the driver
     hides it (containers, WDDM). ``uuid`` defaults to ``"GPU-" + simulated_uuid(index)``.
+    ``cgroup_hidden``: this process may not open the GPU (``nvmlDeviceGetHandleByIndex``
+    raises ``NVMLError_NoPermission``), as under a SLURM job's cgroup; NVML still counts it.
     """
 
     name: str = "NVIDIA H200"
@@ -148,9 +156,12 @@ class FakeGpu:
     processes: list[tuple[int, int | None]] = field(default_factory=list)
     compute_capability: tuple[int, int] = (9, 0)
     mig: bool = False
+    cgroup_hidden: bool = False
 
     def __post_init__(self):
         text(self.name, "name", longest=200)
+        flag(self.mig, "mig")
+        flag(self.cgroup_hidden, "cgroup_hidden")
         for label in ("total_bytes", "used_bytes", "reserved_bytes"):
             whole_number(getattr(self, label), label)
         if self.used_bytes + self.reserved_bytes > self.total_bytes:
@@ -286,6 +297,8 @@ class FakeNvml(types.ModuleType):
         self._system("nvmlDeviceGetHandleByIndex", index)
         if not isinstance(index, int) or not 0 <= index < len(self.gpus):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if self.gpus[index].cgroup_hidden:
+            raise NVMLError_NoPermission()
         return _Handle(index)
 
     def nvmlDeviceGetIndex(self, handle) -> int:  # noqa: N802

@@ -10,7 +10,7 @@ import torch
 
 import helpers
 from helpers.core import nvml
-from helpers.core.fake_nvml import FakeGpu, FakeNvml
+from helpers.core.fake_nvml import FakeGpu, FakeNvml, simulated_uuid
 from helpers.core.gpu_visibility import gpu_visibility
 from helpers.memory.cuda_standin import SimulatedCuda
 from helpers.watch import gauge
@@ -145,6 +145,18 @@ def test_gpu_visibility_broken_names_the_cause(sim, nv, words):
     with SimulatedCuda(**sim):
         v = gpu_visibility(nvml=FakeNvml(**nv), environ={})
     assert v.verdict == "broken" and words in v.message, v.message
+
+
+def test_gpu_visibility_on_a_node_whose_cgroup_hides_gpu_0(cuda):
+    """SLURM gave this job NVML's GPU 1 (torch's cuda:0); the cgroup hides GPU 0, whose
+    handle NVML refuses with NO_PERMISSION although nvmlDeviceGetCount counts it."""
+    gpus = [FakeGpu(uuid="GPU-00000000-0000-4000-8000-0000000000ff", cgroup_hidden=True),
+            FakeGpu(uuid="GPU-" + simulated_uuid(0))]
+    v = gpu_visibility(nvml=FakeNvml(gpus), environ={"SLURM_JOB_ID": "42",
+                                                     "SLURM_JOB_GPUS": "1"})
+    assert v.verdict == "usable", v.message
+    assert [(g.index, g.uuid) for g in v.nvml_gpus] == [(1, "GPU-" + simulated_uuid(0))]
+    assert "GPU 0: NVMLError_NoPermission: Insufficient Permissions" in v.details["unreadable"]
 
 
 def test_gpu_visibility_without_a_driver(cuda):

@@ -19,18 +19,24 @@ class FakeNVMLError(Exception):
     pass
 
 
-def fake_nvml(gpus=(), driver="580.65.06", cuda=13000, init_error=None, mig=()):
-    """A pynvml stand-in: ``gpus`` are (name, uuid, compute capability)."""
+def fake_nvml(gpus=(), driver="580.65.06", cuda=13000, init_error=None, mig=(), hidden=()):
+    """A pynvml stand-in: ``gpus`` are (name, uuid, compute capability); the handles of the
+    GPUs in ``hidden`` cannot be opened (a SLURM cgroup: NVML still counts them)."""
     def init():
         if init_error:
             raise FakeNVMLError(init_error)
+
+    def handle(i):
+        if i in hidden:
+            raise FakeNVMLError("Insufficient Permissions")
+        return i
 
     return SimpleNamespace(
         NVMLError=FakeNVMLError, nvmlInit=init, nvmlShutdown=lambda: None,
         nvmlSystemGetDriverVersion=lambda: driver,
         nvmlSystemGetCudaDriverVersion=lambda: cuda,
         nvmlDeviceGetCount=lambda: len(gpus),
-        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetHandleByIndex=handle,
         nvmlDeviceGetName=lambda h: gpus[h][0],
         nvmlDeviceGetUUID=lambda h: gpus[h][1],
         nvmlDeviceGetCudaComputeCapability=lambda h: gpus[h][2],
@@ -158,6 +164,18 @@ def test_nvml_failing_midway_is_reported_not_raised(no_cuda_calls):
     nvml.nvmlDeviceGetUUID = lambda h: (_ for _ in ()).throw(FakeNVMLError("GPU is lost"))
     r = gv.gpu_visibility(nvml=nvml, environ={})
     assert r.verdict == gv.NO_GPU and "GPU is lost" in r.message
+
+
+def test_a_gpu_the_cgroup_hides_is_skipped_not_fatal(fake_cuda):
+    """A SLURM job on a shared node: NVML counts all GPUs but refuses the handles of the
+    others' (NO_PERMISSION); the job's own GPU is listed and usable."""
+    fake_cuda([H200_B])
+    r = gv.gpu_visibility(nvml=fake_nvml(gpus=[H200, H200_B], hidden={0}),
+                          environ={"SLURM_JOB_ID": "5", "SLURM_JOB_GPUS": "1"})
+    assert r.verdict == gv.USABLE, r.message
+    assert [g.index for g in r.nvml_gpus] == [1]
+    assert r.details["unreadable"] == ["GPU 0: FakeNVMLError: Insufficient Permissions"]
+    assert "1 GPU(s) NVML counts could not be read" in r.message
 
 
 def test_environ_must_be_a_mapping():
