@@ -18,7 +18,9 @@ Command line (``make setup GPU=1`` and ``make gpu-check`` call it)::
     python -m helpers.core.gpu_visibility --json      # the result as JSON
 
 It never raises for a missing driver or NVML, and it initialises CUDA only when NVML has
-found a GPU that should be visible (then it reads each device's UUID).
+found a GPU that should be visible (then it reads each device's UUID). A GPU NVML counts but
+cannot open (``NO_PERMISSION`` for the GPUs a SLURM job's cgroup hides) is left out, and
+named in the message and in ``details["unreadable"]``; the others are judged as usual.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .fmt import ShownAsTable
 
@@ -93,38 +95,57 @@ def _norm_uuid(uuid: str) -> str:
     return uuid
 
 
-def _nvml_view(nvml) -> tuple[list[NvmlGpu], str | None, int | None, str | None]:
-    """(GPUs, driver version, CUDA version the driver supports (e.g. 12080), error)."""
+def _nvml_view(nvml) -> tuple[list[NvmlGpu], str | None, int | None, str | None, list[str]]:
+    """(GPUs, driver version, CUDA version the driver supports (e.g. 12080), error, the GPUs
+    NVML counts but could not read).
+
+    A GPU whose handle, name or UUID raises is left out and named in the last item, and the
+    others are still listed: on a node shared by SLURM jobs, ``nvmlDeviceGetCount`` counts
+    every GPU, but ``nvmlDeviceGetHandleByIndex`` raises NO_PERMISSION for those the job's
+    cgroup hides.
+    """
     if nvml is None:
         try:
             import pynvml as nvml
         except ImportError:
-            return [], None, None, "no NVIDIA driver bindings (nvidia-ml-py is not installed)"
+            return ([], None, None, "no NVIDIA driver bindings (nvidia-ml-py is not installed)",
+                    [])
     try:
         nvml.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        return [], None, None, f"no NVIDIA driver (NVML could not start: {exc})"
+        return [], None, None, f"no NVIDIA driver (NVML could not start: {exc})", []
     try:
         driver = _call(nvml, "nvmlSystemGetDriverVersion")
         cuda_version = _call(nvml, "nvmlSystemGetCudaDriverVersion")
-        gpus = []
-        for i in range(int(nvml.nvmlDeviceGetCount())):
-            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except Exception as exc:
+            return [], None, None, (f"NVML failed while counting GPUs ({type(exc).__name__}: "
+                                    f"{exc})"), []
+        gpus, unreadable = [], []
+        for i in range(count):
+            try:  # NO_PERMISSION (hidden by a cgroup), a GPU that fell off the bus, ...
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                name = _text(nvml.nvmlDeviceGetName(handle))
+                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            except Exception as exc:
+                unreadable.append(f"GPU {i}: {type(exc).__name__}: {exc}")
+                continue
             cc = _call(nvml, "nvmlDeviceGetCudaComputeCapability", handle)
             mig = _call(nvml, "nvmlDeviceGetMigMode", handle)
-            gpus.append(NvmlGpu(
-                index=i, name=_text(nvml.nvmlDeviceGetName(handle)),
-                uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
-                compute_capability=tuple(int(v) for v in cc) if cc else None,
-                mig=bool(mig and int(mig[0]) == 1)))
-    except Exception as exc:  # an old driver without some call, a GPU that fell off the bus
-        return [], None, None, f"NVML failed while listing GPUs ({type(exc).__name__}: {exc})"
+            try:
+                cc = tuple(int(v) for v in cc) if cc else None
+                mig = bool(mig and int(mig[0]) == 1)
+            except (TypeError, ValueError, IndexError):  # an odd binding: not known
+                cc, mig = None, False
+            gpus.append(NvmlGpu(index=i, name=name, uuid=uuid, compute_capability=cc,
+                                mig=mig))
     finally:
         try:
             nvml.nvmlShutdown()
         except Exception:
             pass
-    return gpus, (_text(driver) if driver else None), cuda_version, None
+    return gpus, (_text(driver) if driver else None), cuda_version, None, unreadable
 
 
 def _call(nvml, name, *args):
@@ -236,10 +257,27 @@ def gpu_visibility(*, nvml=None, environ: Mapping[str, str] | None = None) -> Gp
     env = os.environ if environ is None else environ
     if not isinstance(env, Mapping):
         raise TypeError(f"environ must be a mapping, got {type(env).__name__}")
-    gpus, driver, cuda_driver_version, error = _nvml_view(nvml)
-    common = {"nvml_gpus": tuple(gpus), "driver": driver}
+    gpus, driver, cuda_driver_version, error, unreadable = _nvml_view(nvml)
     if error is not None:
-        return GpuVisibility(NO_GPU, error, **common)
+        return GpuVisibility(NO_GPU, error, nvml_gpus=tuple(gpus), driver=driver)
+    if not gpus and unreadable:
+        return GpuVisibility(NO_GPU, f"NVML (driver {driver}) counts {len(unreadable)} GPU(s) "
+                                     f"but could read none of them ({'; '.join(unreadable)})",
+                             driver=driver, details={"unreadable": unreadable})
+    result = _verdict(gpus, driver, cuda_driver_version, env)
+    if not unreadable:
+        return result
+    note = (f"; {len(unreadable)} GPU(s) NVML counts could not be read and are left out "
+            f"({'; '.join(unreadable)}); a GPU refused with NO_PERMISSION is usually another "
+            "job's, hidden by this job's cgroup")
+    return replace(result, message=result.message + note,
+                   details={**result.details, "unreadable": unreadable})
+
+
+def _verdict(gpus: list[NvmlGpu], driver: str | None, cuda_driver_version: int | None,
+             env: Mapping[str, str]) -> GpuVisibility:
+    """The verdict for the GPUs NVML could read."""
+    common = {"nvml_gpus": tuple(gpus), "driver": driver}
     if not gpus:
         return GpuVisibility(NO_GPU, f"NVML (driver {driver}) lists no GPU", **common)
     expected, why = _deliberately_visible(gpus, env)
