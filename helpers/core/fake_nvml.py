@@ -33,6 +33,8 @@ Per GPU (arguments of :class:`FakeGpu`):
 * ``cgroup_hidden=True``: ``nvmlDeviceGetHandleByIndex`` raises ``NVMLError_NoPermission`` for
   that GPU, while ``nvmlDeviceGetCount`` still counts it (a SLURM job's cgroup hides the
   GPUs of other jobs on the node).
+* ``mig=True``: the GPU is in MIG mode; ``nvmlDeviceGetUtilizationRates`` raises
+  ``NVMLError_NotSupported`` for it, as NVML does (memory, temperature and power still answer).
 
 Used by ``tests/rehearsal`` together with :class:`helpers.SimulatedCuda` (the default UUIDs
 match: ``"GPU-" + simulated_uuid(i)``). Importing this module does not import torch.
@@ -139,8 +141,10 @@ class FakeGpu:
 
     ``processes`` holds ``(pid, used_bytes)`` pairs; ``used_bytes`` None means the driver
     hides it (containers, WDDM). ``uuid`` defaults to ``"GPU-" + simulated_uuid(index)``.
-    ``cgroup_hidden``: this process may not open the GPU (``nvmlDeviceGetHandleByIndex``
-    raises ``NVMLError_NoPermission``), as under a SLURM job's cgroup; NVML still counts it.
+    ``mig``: MIG mode is on (``nvmlDeviceGetMigMode`` says so, and utilisation raises
+    ``NVMLError_NotSupported``). ``cgroup_hidden``: this process may not open the GPU
+    (``nvmlDeviceGetHandleByIndex`` raises ``NVMLError_NoPermission``), as under a SLURM
+    job's cgroup; NVML still counts it.
     """
 
     name: str = "NVIDIA H200"
@@ -333,6 +337,8 @@ class FakeNvml(types.ModuleType):
 
     def nvmlDeviceGetUtilizationRates(self, handle):  # noqa: N802
         g = self._query("nvmlDeviceGetUtilizationRates", handle)
+        if g.mig:  # NVML has no utilisation counters for a GPU in MIG mode
+            raise NVMLError_NotSupported()
         return _Struct(gpu=g.gpu_util_pct, memory=g.memory_util_pct)
 
     def nvmlDeviceGetTemperature(self, handle, sensor: int) -> int:  # noqa: N802

@@ -74,6 +74,47 @@ def test_process_list_degrades_on_old_drivers_and_refusals():
         assert nvml.gpu_processes(0) is None
 
 
+OTHER_JOB = "GPU-00000000-0000-4000-8000-0000000000ff"  # a GPU torch does not see
+
+
+def test_nvml_reads_of_a_hidden_gpu_or_a_mig_gpu_say_why_instead_of_raising():
+    """NVML refuses the handle of a GPU a SLURM job's cgroup hides (NO_PERMISSION) and has no
+    utilisation for a GPU in MIG mode (NOT_SUPPORTED): None and the reason, never NVMLError;
+    a GPU number NVML does not have stays a ValueError."""
+    gpus = [FakeGpu(uuid=OTHER_JOB, cgroup_hidden=True, gpu_util_pct=99),
+            FakeGpu(mig=True, used_bytes=GiB, gpu_util_pct=50)]
+    with FakeNvml(gpus):
+        assert nvml.gpu_utilization(0) is None and nvml.gpu_utilization(1) is None
+        assert nvml.gpu_memory(0) is None and nvml.gpu_status(0) is None
+        assert nvml.gpu_processes(0) is None
+        reading, why = nvml.gpu_utilization_or_why(0)
+        assert reading is None and why == (
+            "NVML cannot open GPU 0 (NVMLError_NoPermission: Insufficient Permissions): "
+            "a GPU another job holds, hidden by this job's cgroup")
+        reading, why = nvml.gpu_utilization_or_why(1)
+        assert reading is None and why == (
+            "NVML cannot read the utilisation of GPU 1 (NVMLError_NotSupported: Not "
+            "Supported): it is in MIG mode, where NVML has no GPU-Util")
+        st = nvml.gpu_status(1)
+        assert st.gpu_util_pct is None and st.memory.used_bytes == GiB
+        assert [(g.index, g.uuid) for g in nvml.list_gpus()] == [(1, "GPU-" + simulated_uuid(1))]
+        with pytest.raises(ValueError, match="no GPU 2"):
+            nvml.gpu_utilization(2)
+        with pytest.raises(ValueError, match="no GPU 2"):
+            nvml.gpu_utilization_or_why(2)
+
+
+def test_gpu_watch_skips_a_gpu_the_cgroup_hides(cuda):
+    torch.cuda.set_device(0)  # this process uses CUDA: the watch reads torch's statistics
+    gpus = [FakeGpu(uuid=OTHER_JOB, cgroup_hidden=True),
+            FakeGpu(uuid="GPU-" + simulated_uuid(0), gpu_util_pct=40)]
+    with FakeNvml(gpus):
+        watch = helpers.watch_gpus(interval=None)
+    assert watch.header == "NVIDIA driver 580.95.05 (NVML), 2 GPU(s)"
+    assert [row.reading.label for row in watch.rows] == ["GPU1"]
+    assert "GPU-Util 40%" in watch.text()
+
+
 def test_gauge_reports_the_simulated_gpus_numbers(cuda):
     cuda.set_memory(0, allocated=GiB, reserved=3 * GiB // 2)
     torch.cuda.set_device(0)  # this process uses CUDA now

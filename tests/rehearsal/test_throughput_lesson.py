@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import helpers
+from helpers.core.fake_nvml import FakeGpu, FakeNvml, simulated_uuid
 from helpers.memory.cuda_standin import SimulatedCuda
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions" / "09_throughput.ipynb"
@@ -177,3 +178,64 @@ def test_core_is_the_input_pipeline_and_the_step_cost_goes_further():
     exercises = {c["metadata"]["exercise"]["id"]: i for i, c in enumerate(cells)
                  if "exercise" in c["metadata"]}
     assert exercises["09-fix-the-loader"] < further < exercises["09-name-the-bottleneck"]
+
+
+# ------------------------------------------------------------------ StepTimer's GPU-Util
+OTHER_JOB = "GPU-00000000-0000-4000-8000-0000000000{:02x}"  # GPUs torch does not see
+THIS_GPU = "GPU-" + simulated_uuid(0)  # torch's cuda:0 (SimulatedCuda's UUID)
+
+
+def timed_steps(timer: helpers.StepTimer, n: int = 2) -> helpers.StepTimer:
+    for _ in timer.wrap(range(n)):
+        timer.step(samples=8)
+    return timer
+
+
+def test_step_timer_samples_the_gpu_torch_uses_not_nvml_gpu_0():
+    """CUDA_VISIBLE_DEVICES=2: torch's cuda:0 is NVML's GPU 2 (same UUID); NVML's GPU 0 is
+    another job's, busy at 99 %."""
+    gpus = [FakeGpu(uuid=OTHER_JOB.format(0), gpu_util_pct=99),
+            FakeGpu(uuid=OTHER_JOB.format(1), gpu_util_pct=98),
+            FakeGpu(uuid=THIS_GPU, gpu_util_pct=40)]
+    with SimulatedCuda(), FakeNvml(gpus) as nv:
+        timer = timed_steps(helpers.StepTimer(sync="cuda", show=False))
+    assert timer.util == [(0, 40)]
+    assert {c[1] for c in nv.calls("nvmlDeviceGetUtilizationRates")} == {2}
+    s = timer.summary()
+    assert s.gpu_util_pct == 40 and s.gpu_util_note == (
+        "GPU-Util of GPU 2 from NVML (this process's cuda:0, matched by UUID)")
+
+
+def test_step_timer_on_a_node_whose_cgroup_hides_nvml_gpu_0():
+    """SLURM: NVML refuses GPU 0's handle (NO_PERMISSION); the timer reads this job's GPU."""
+    gpus = [FakeGpu(uuid=OTHER_JOB.format(0), cgroup_hidden=True),
+            FakeGpu(uuid=THIS_GPU, gpu_util_pct=40)]
+    with SimulatedCuda(), FakeNvml(gpus):
+        timer = timed_steps(helpers.StepTimer(sync="cuda", show=False))
+    assert timer.util == [(0, 40)] and "GPU 1" in timer.gpu_util_note
+
+
+@pytest.mark.parametrize("gpu_util", [None, 0])
+def test_step_timer_on_a_mig_gpu_keeps_timing_and_says_why(gpu_util):
+    """MIG mode: NVML's utilisation raises NOT_SUPPORTED; the steps are still timed."""
+    with SimulatedCuda(), FakeNvml(FakeGpu(uuid=THIS_GPU, mig=True)):
+        timer = timed_steps(helpers.StepTimer(sync="cuda", gpu_util=gpu_util, show=False), 3)
+    s = timer.summary()
+    assert s.steps == 3 and s.samples == 24 and s.gpu_util_pct is None
+    assert s.gpu_util_note == (
+        "no GPU-Util: NVML cannot read the utilisation of GPU 0 (NVMLError_NotSupported: Not "
+        "Supported): it is in MIG mode, where NVML has no GPU-Util")
+
+
+def test_step_timer_never_starts_cuda_to_find_its_gpu(monkeypatch):
+    """A loop that does not use CUDA, on a machine with two GPUs: which one would be this
+    process's is unknown, so nothing is sampled and no CUDA context is started."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus = [FakeGpu(uuid=THIS_GPU), FakeGpu(uuid=OTHER_JOB.format(1))]
+    with SimulatedCuda(device_count=2) as sim, FakeNvml(gpus):
+        timer = timed_steps(helpers.StepTimer(show=False))
+    assert timer.util == [] and not sim.initialized
+    assert not sim.calls("get_device_properties") and not sim.calls("current_device")
+    assert timer.gpu_util_note == (
+        "no GPU-Util: this process has not started CUDA, so which of the 2 GPUs NVML sees is "
+        "its own is unknown")
