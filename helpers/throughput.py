@@ -9,8 +9,9 @@ Three tools, none of which imports torch or TensorFlow until it is used:
   importable module, so PyTorch ``DataLoader`` workers can load it under both ``fork``
   (Linux) and ``spawn`` (macOS, Windows), and ``tf.data`` can call :meth:`SlowDataset.load_batch`.
 * :class:`StepTimer`: splits each training step into *data wait* (time spent in the
-  loader's ``next()``) and *compute* (everything else), samples NVML's GPU-Util when a GPU
-  is there, shows the split live in a notebook and draws it per step at the end::
+  loader's ``next()``) and *compute* (everything else), samples NVML's GPU-Util of the GPU
+  the process uses when NVML can read it, shows the split live in a notebook and draws it
+  per step at the end::
 
       timer = helpers.StepTimer(sync=device)      # syncs CUDA so GPU time lands in its step
       for xb, yb in timer.wrap(loader):
@@ -27,6 +28,8 @@ real GPU, if the kit has them.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -47,6 +50,7 @@ __all__ = [
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "tests" / "gpu" / "results"
 RESULTS_NAME = "09_throughput"
 _WAIT_COLOUR, _COMPUTE_COLOUR, _UTIL_COLOUR = "#E69F00", "#0072B2", "#009E73"
+_THIS_GPU = "this process's GPU"  # StepTimer's default GPU, found when it first samples
 
 
 # ------------------------------------------------------------------------------ data set
@@ -182,8 +186,13 @@ class StepTimer(LiveView):
     Args:
         sync: None (default), a function to call before each step's clock is read, or a
             device (``"cuda"``, ``torch.device("cuda:0")``, ``"mps"``; ``"cpu"`` = None).
-        gpu_util: sample NVML's GPU-Util of this GPU index during the loop (at most every
-            0.2 s); ``None`` (default) samples GPU 0 if NVML works, ``False`` never.
+        gpu_util: sample NVML's GPU-Util of this GPU during the loop (at most every 0.2 s):
+            NVML's number, as in nvidia-smi, which ignores ``CUDA_VISIBLE_DEVICES``.
+            ``None`` (default): the GPU this process's torch uses (its current device, or
+            the one ``sync`` names), matched by UUID once the process has started CUDA (the
+            timer never starts it), or the only GPU of a machine with one;
+            ``False``: never.  Where NVML cannot read it (a GPU in MIG mode, one this job's
+            cgroup hides) the steps are still timed and ``gpu_util_note`` says why.
         show: show a live bar of data wait vs compute per step (JupyterLab only).
         min_interval: seconds between live redraws (>= 0.1).
     """
@@ -194,6 +203,7 @@ class StepTimer(LiveView):
     def __init__(self, sync=None, *, gpu_util=None, show: bool = True,
                  min_interval: float = 0.25):
         self._sync = sync_function(sync)
+        self._cuda_index = _cuda_index(sync)
         show = flag(show, "show")
         self._init_view(real_number(min_interval, "min_interval", 0.1, 3600.0), budget=0.01)
         self._gpu, self.gpu_util_note = self._pick_gpu(gpu_util)
@@ -222,7 +232,25 @@ class StepTimer(LiveView):
         index = 0 if gpu_util is None else gpu_util
         if index >= count:
             return None, f"no GPU-Util: NVML sees {count} GPU(s), so there is no GPU {index}"
+        if gpu_util is None:
+            return _THIS_GPU, "GPU-Util from NVML of the GPU this process uses (not sampled yet)"
         return index, f"GPU-Util of GPU {index} from NVML"
+
+    def _sample_util(self) -> None:
+        """Read GPU-Util once; on the first read find the GPU, and stop (with the reason in
+        ``gpu_util_note``) where NVML cannot read it."""
+        from .core import nvml
+
+        if self._gpu is _THIS_GPU:
+            self._gpu, self.gpu_util_note = _process_gpu(self._cuda_index)
+            if self._gpu is None or self._gpu is _THIS_GPU:
+                return
+        rates = nvml.gpu_utilization(self._gpu)
+        if rates is not None:
+            self.util.append((len(self.wait_s) - 1, rates[0]))
+            return
+        _, why = nvml.gpu_utilization_or_why(self._gpu)
+        self._gpu, self.gpu_util_note = None, f"no GPU-Util: {why or 'NVML did not say why'}"
 
     # ------------------------------------------------------------------ recording
     def wrap(self, iterable: Iterable):
@@ -260,11 +288,7 @@ class StepTimer(LiveView):
         self.samples.append(samples)
         self._pending_wait = 0.0
         if self._gpu is not None and now >= self._next_util:
-            from .core import nvml
-
-            rates = nvml.gpu_utilization(self._gpu)
-            if rates is not None:
-                self.util.append((len(self.wait_s) - 1, rates[0]))
+            self._sample_util()
             self._next_util = now + 0.2
         if self._live and now >= self._next:
             self._tick()
@@ -361,6 +385,57 @@ class StepTimer(LiveView):
 
     def png(self) -> bytes:
         return png_bytes(self.figure())
+
+
+def _cuda_index(sync) -> int | None:
+    """The CUDA device number a ``sync`` device names (``"cuda:1"``), else None."""
+    if sync is None or callable(sync):
+        return None
+    import torch  # sync_function has accepted it as a device, so torch is there
+
+    device = torch.device(sync)
+    return device.index if device.type == "cuda" else None
+
+
+def _plain_uuid(uuid) -> str:
+    """NVML says 'GPU-1a2b...', torch '1a2b...': compare without the prefix, lowercase."""
+    uuid = str(uuid or "").strip().lower()
+    return uuid[4:] if uuid.startswith(("gpu-", "mig-")) else uuid
+
+
+def _process_gpu(cuda_index: int | None):
+    """(NVML's number of the GPU this process's torch uses, the note to show).
+
+    NVML numbers GPUs as nvidia-smi does; torch after ``CUDA_VISIBLE_DEVICES`` (and SLURM's
+    cgroup): they are matched by UUID.  Reading torch's UUID starts a CUDA context, so, like
+    the memory gauge, only a process that has started CUDA is asked; before that the answer
+    is ``_THIS_GPU`` (ask again later), unless the machine has one GPU and nothing hides it.
+    None when it cannot be known."""
+    from .core import nvml
+
+    count = nvml.gpu_count()
+    torch = sys.modules.get("torch")
+    try:
+        started = torch is not None and bool(torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a broken CUDA install: as good as not started
+        started = False
+    if not started:
+        if count == 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
+            return 0, "GPU-Util of GPU 0 from NVML (the only GPU)"
+        return _THIS_GPU, (f"no GPU-Util: this process has not started CUDA, so which of the "
+                           f"{count} GPUs NVML sees is its own is unknown")
+    try:
+        index = int(torch.cuda.current_device() if cuda_index is None else cuda_index)
+        uuid = _plain_uuid(getattr(torch.cuda.get_device_properties(index), "uuid", ""))
+    except Exception as exc:  # noqa: BLE001
+        return None, (f"no GPU-Util: torch cannot say which GPU it uses "
+                      f"({type(exc).__name__}: {exc})")
+    for gpu in nvml.list_gpus():
+        if uuid and _plain_uuid(gpu.uuid) == uuid:
+            return gpu.index, (f"GPU-Util of GPU {gpu.index} from NVML (this process's "
+                               f"cuda:{index}, matched by UUID)")
+    return None, (f"no GPU-Util: NVML lists no GPU with the UUID of this process's cuda:{index} "
+                  f"({uuid or 'unknown'}): a MIG instance, or a GPU whose UUID NVML cannot read")
 
 
 # ------------------------------------------------------------------------------ compare

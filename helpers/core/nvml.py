@@ -1,8 +1,12 @@
 """NVML (the library behind nvidia-smi) through NVIDIA's own binding, ``nvidia-ml-py``.
 
-Used by the device report (lesson 00) and the memory gauges (lesson 04).  Every function
-degrades to "not available" with the reason instead of raising: no driver, no library, no
-permission are normal situations on laptops and CI runners.
+Used by the device report (lesson 00), the memory gauges (lesson 04) and the step timer
+(lesson 09).  Every function degrades to "not available" with the reason instead of raising:
+no driver, no library, no permission are normal situations on laptops and CI runners, and so
+are a GPU in MIG mode (no utilisation: ``NOT_SUPPORTED``) and, on a node shared by SLURM jobs,
+the GPUs the job's cgroup hides (NVML counts them but refuses their handles:
+``NO_PERMISSION``).  Only a bad GPU number raises (ValueError).  NVML numbers GPUs as
+nvidia-smi does, ignoring ``CUDA_VISIBLE_DEVICES``: NVML's GPU 0 need not be torch's cuda:0.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from .checks import whole_number
 
 __all__ = [
     "GpuMemory", "GpuInfo", "GpuProcess", "GpuStatus", "nvml_status", "list_gpus", "gpu_count",
-    "gpu_memory", "gpu_utilization", "gpu_status", "gpu_processes",
+    "gpu_memory", "gpu_utilization", "gpu_utilization_or_why", "gpu_status", "gpu_processes",
 ]
 
 _lock = threading.Lock()
@@ -85,15 +89,25 @@ def _name(nv, handle) -> str:
 
 
 def list_gpus() -> list[GpuInfo]:
-    """Every GPU NVML can see, with its name and total memory; [] without NVML."""
+    """Every GPU NVML can read, with its name and total memory; [] without NVML.
+
+    A GPU NVML counts but cannot open is left out (``NO_PERMISSION`` for the GPUs a SLURM
+    job's cgroup hides): ``index`` stays NVML's number, so indices may have gaps."""
     nv = _init()
     if nv is None:
         return []
+    try:
+        count = int(nv.nvmlDeviceGetCount())
+    except nv.NVMLError:
+        return []
     gpus = []
-    for i in range(nv.nvmlDeviceGetCount()):
-        handle = nv.nvmlDeviceGetHandleByIndex(i)
-        name = _name(nv, handle)
-        total, _, _, _ = _memory_info(nv, handle)
+    for i in range(count):
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(i)
+            name = _name(nv, handle)
+            total, _, _, _ = _memory_info(nv, handle)
+        except nv.NVMLError:
+            continue
         try:
             uuid = nv.nvmlDeviceGetUUID(handle)
         except nv.NVMLError:
@@ -103,25 +117,57 @@ def list_gpus() -> list[GpuInfo]:
 
 
 def gpu_memory(index: int = 0) -> GpuMemory | None:
-    """Memory of GPU ``index`` (v2 info, matches nvidia-smi); None without NVML."""
-    opened = _open(index)
-    return None if opened is None else GpuMemory(index, *_memory_info(*opened))
+    """Memory of GPU ``index`` (v2 info, matches nvidia-smi); None without NVML or when NVML
+    cannot read it (a GPU this job's cgroup hides)."""
+    opened, _ = _open_or_why(index)
+    if opened is None:
+        return None
+    try:
+        return GpuMemory(index, *_memory_info(*opened))
+    except opened[0].NVMLError:
+        return None
 
 
 def gpu_utilization(index: int = 0) -> tuple[int, int] | None:
-    """(GPU-Util %, memory-controller %) over NVML's last sample period; None without NVML."""
-    opened = _open(index)
+    """(GPU-Util %, memory-controller %) over NVML's last sample period; None without NVML
+    or when NVML cannot read it (MIG mode, a GPU this job's cgroup hides):
+    :func:`gpu_utilization_or_why` says why."""
+    return gpu_utilization_or_why(index)[0]
+
+
+def gpu_utilization_or_why(index: int = 0) -> tuple[tuple[int, int] | None, str]:
+    """``((GPU-Util %, memory-controller %), "")``, or ``(None, why not)``: no NVML, a GPU
+    NVML may not open (``NO_PERMISSION``: hidden by this job's cgroup), a GPU in MIG mode
+    (``NOT_SUPPORTED``).  Only a bad ``index`` raises (ValueError/TypeError)."""
+    opened, why = _open_or_why(index)
     if opened is None:
-        return None
+        return None, why
     nv, handle = opened
-    rates = nv.nvmlDeviceGetUtilizationRates(handle)
-    return int(rates.gpu), int(rates.memory)
+    try:
+        rates = nv.nvmlDeviceGetUtilizationRates(handle)
+        return (int(rates.gpu), int(rates.memory)), ""
+    except nv.NVMLError as exc:
+        why = f"NVML cannot read the utilisation of GPU {index} ({_error(exc)})"
+        mig = _optional(nv, nv.nvmlDeviceGetMigMode, handle) if hasattr(
+            nv, "nvmlDeviceGetMigMode") else None
+        try:
+            in_mig = bool(mig) and int(mig[0]) == 1
+        except (TypeError, ValueError, IndexError):
+            in_mig = False
+        if in_mig:
+            why += ": it is in MIG mode, where NVML has no GPU-Util"
+        return None, why
 
 
 def gpu_count() -> int:
-    """How many GPUs NVML sees; 0 without NVML."""
+    """How many GPUs NVML sees (those this job's cgroup hides included); 0 without NVML."""
     nv = _init()
-    return 0 if nv is None else int(nv.nvmlDeviceGetCount())
+    if nv is None:
+        return 0
+    try:
+        return int(nv.nvmlDeviceGetCount())
+    except nv.NVMLError:
+        return 0
 
 
 @dataclass(frozen=True)
@@ -148,34 +194,60 @@ def _optional(nv, fn, *args):
         return None
 
 
+def _error(exc) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _open(index):
-    """(pynvml, handle of GPU ``index``), or None without NVML; a bad index is an error."""
+    """(pynvml, handle of GPU ``index``), or None without NVML or when NVML refuses the GPU;
+    a bad index is an error."""
+    return _open_or_why(index)[0]
+
+
+def _open_or_why(index):
+    """``((pynvml, handle of GPU index), "")`` or ``(None, why not)``; ValueError for a GPU
+    number NVML does not have (TypeError for a non-number).  NVML errors never escape: NVML
+    counts the GPUs a SLURM job's cgroup hides, but refuses their handles (NO_PERMISSION)."""
     whole_number(index, "index (a GPU number)")
     nv = _init()
     if nv is None:
-        return None
-    count = nv.nvmlDeviceGetCount()
+        return None, str(_state["error"])
+    try:
+        count = int(nv.nvmlDeviceGetCount())
+    except nv.NVMLError as exc:
+        return None, f"NVML cannot count the GPUs ({_error(exc)})"
     if index >= count:
         raise ValueError(f"index is {index}, but there is no GPU {index}: NVML sees {count} "
                          "GPU(s)")
-    return nv, nv.nvmlDeviceGetHandleByIndex(index)
+    try:
+        return (nv, nv.nvmlDeviceGetHandleByIndex(index)), ""
+    except nv.NVMLError as exc:
+        why = f"NVML cannot open GPU {index} ({_error(exc)})"
+        if getattr(exc, "value", None) == getattr(nv, "NVML_ERROR_NO_PERMISSION", 4):
+            why += ": a GPU another job holds, hidden by this job's cgroup"
+        return None, why
 
 
 def gpu_status(index: int = 0) -> GpuStatus | None:
     """Memory, utilisation, temperature and power of GPU ``index`` in one call (lesson 04's
-    watch view); None without NVML.  Never lists processes (that query is slow)."""
+    watch view); None without NVML or when NVML cannot read the GPU (hidden by this job's
+    cgroup).  Never lists processes (that query is slow)."""
     opened = _open(index)
     if opened is None:
         return None
     nv, handle = opened
+    try:
+        name, memory = _name(nv, handle), GpuMemory(index, *_memory_info(nv, handle))
+    except nv.NVMLError:  # a GPU that fell off the bus
+        return None
     rates = _optional(nv, nv.nvmlDeviceGetUtilizationRates, handle)
     temp = _optional(nv, nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
     power = _optional(nv, nv.nvmlDeviceGetPowerUsage, handle)  # milliwatts
     limit = _optional(nv, nv.nvmlDeviceGetEnforcedPowerLimit, handle)
     return GpuStatus(
         index=index,
-        name=_name(nv, handle),
-        memory=GpuMemory(index, *_memory_info(nv, handle)),
+        name=name,
+        memory=memory,
         gpu_util_pct=None if rates is None else int(rates.gpu),
         memory_util_pct=None if rates is None else int(rates.memory),
         temperature_c=None if temp is None else int(temp),

@@ -610,6 +610,8 @@ class GpuWatch(LiveView):
             header = f"NVIDIA {detail} (NVML), {nvml.gpu_count()} GPU(s)"
             for i in range(nvml.gpu_count()):
                 st = nvml.gpu_status(i)
+                if st is None:  # NVML may not open it: another job's, hidden by a cgroup
+                    continue
                 reading = _cuda_reading(i, _nvml_memory(i))
                 if reading is None:
                     continue

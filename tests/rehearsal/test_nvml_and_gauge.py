@@ -104,6 +104,19 @@ def test_nvml_reads_of_a_hidden_gpu_or_a_mig_gpu_say_why_instead_of_raising():
             nvml.gpu_utilization_or_why(2)
 
 
+def test_nvml_errors_while_counting_or_reading_a_gpu_never_escape():
+    def lost(*args):
+        raise nv.NVMLError(nv.NVML_ERROR_UNKNOWN)
+
+    with FakeNvml() as nv:
+        nv.nvmlDeviceGetName = lost  # a GPU that fell off the bus
+        assert nvml.gpu_status(0) is None and nvml.list_gpus() == []
+        nv.nvmlDeviceGetCount = lost
+        assert nvml.gpu_count() == 0 and nvml.gpu_memory(0) is None
+        assert nvml.gpu_utilization_or_why(0) == (
+            None, "NVML cannot count the GPUs (NVMLError_Unknown: Unknown Error)")
+
+
 def test_gpu_watch_skips_a_gpu_the_cgroup_hides(cuda):
     torch.cuda.set_device(0)  # this process uses CUDA: the watch reads torch's statistics
     gpus = [FakeGpu(uuid=OTHER_JOB, cgroup_hidden=True),

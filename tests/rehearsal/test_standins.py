@@ -177,6 +177,10 @@ def test_fake_nvml_errors_behave_like_pynvml():
         FakeNvml(fail="on_fire")
     with pytest.raises(ValueError, match="used_bytes"):
         FakeGpu(total_bytes=10, used_bytes=11)
+    with pytest.raises(TypeError, match="cgroup_hidden must be True or False"):
+        FakeGpu(cgroup_hidden=1)
+    with pytest.raises(TypeError, match="mig must be True or False"):
+        FakeGpu(mig="yes")
     assert "process_list_mismatch" in FAILURES
 
 

@@ -239,3 +239,20 @@ def test_step_timer_never_starts_cuda_to_find_its_gpu(monkeypatch):
     assert timer.gpu_util_note == (
         "no GPU-Util: this process has not started CUDA, so which of the 2 GPUs NVML sees is "
         "its own is unknown")
+
+
+def test_step_timer_on_a_machine_with_one_gpu_reads_it_before_cuda_starts(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with SimulatedCuda() as sim, FakeNvml(FakeGpu(gpu_util_pct=30)):
+        timer = timed_steps(helpers.StepTimer(show=False))
+    assert timer.util == [(0, 30)] and not sim.initialized
+    assert timer.gpu_util_note == "GPU-Util of GPU 0 from NVML (the only GPU)"
+
+
+def test_step_timer_when_nvml_lists_no_gpu_with_torchs_uuid():
+    """A MIG instance has a UUID of its own, which NVML's list of GPUs does not hold."""
+    with SimulatedCuda(), FakeNvml(FakeGpu(uuid=OTHER_JOB.format(0))):
+        timer = timed_steps(helpers.StepTimer(sync="cuda:0", show=False))
+    assert timer.util == [] and timer.gpu_util_note.startswith(
+        "no GPU-Util: NVML lists no GPU with the UUID of this process's cuda:0 "
+        f"({simulated_uuid(0)}): a MIG instance")

@@ -192,6 +192,7 @@ def test_sync_accepts_devices_and_rejects_the_rest():
 
 
 def test_gpu_util_is_sampled_from_nvml(clock, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # the one GPU is not hidden
     monkeypatch.setattr(nvml, "nvml_status", lambda: (True, "driver 999 (test)"))
     monkeypatch.setattr(nvml, "gpu_count", lambda: 1)
     readings = iter([30, 50, 70])
