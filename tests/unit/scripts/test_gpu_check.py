@@ -376,7 +376,6 @@ def test_planner_results_have_the_recorded_results_schema(gpu_check, tmp_path, m
     data = json.loads((tmp_path / "planner.json").read_text())
     assert gpu_check.validate_record(data) == []
     assert sorted(data["cases"]) == ["mlp_cuda_everywhere.py", "resnet_amp.py"]
-    assert record["status"] == "passed"
 
 
 TF_TAGGED = ("import importlib.util\n"
