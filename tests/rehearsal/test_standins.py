@@ -22,7 +22,7 @@ def _snapshot():
 
 
 def test_patches_torch_cuda_and_restores_every_name_exactly():
-    before = _snapshot()
+    before, available = _snapshot(), torch.cuda.is_available()  # True on a GPU machine
     with SimulatedCuda("L40S", device_count=2) as sim:
         assert torch.cuda.is_available() and torch.cuda.device_count() == 2
         assert torch.cuda.get_device_name(1) == "NVIDIA L40S"
@@ -32,7 +32,7 @@ def test_patches_torch_cuda_and_restores_every_name_exactly():
         assert torch.version.cuda == "13.0" and torch.backends.cudnn.version() == 92000
         assert sim.calls("get_device_name") == [("get_device_name", "cuda:1")]
     assert _snapshot() == before
-    assert not torch.cuda.is_available()
+    assert torch.cuda.is_available() == available
 
 
 def test_restores_after_an_exception_and_refuses_nesting():
@@ -50,7 +50,8 @@ def test_restores_after_an_exception_and_refuses_nesting():
 
 
 def test_memory_reads_follow_a_virtual_gpu():
-    with helpers.VirtualGPU("1 GiB", rounding=True, context_bytes="100 MiB") as gpu, \
+    with helpers.VirtualGPU("1 GiB", rounding=True, context_bytes="100 MiB",
+                            device="cpu") as gpu, \
             SimulatedCuda(gpu) as sim:
         start = torch.cuda.memory_allocated()
         x = torch.empty(1024, 1024)  # 4 MiB

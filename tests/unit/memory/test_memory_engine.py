@@ -451,7 +451,7 @@ def test_fake_tensors_give_the_same_bytes_as_real_ones():
         return _adam_steps(model, torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,)))
 
     real = run()
-    with helpers.full_scale():
+    with helpers.full_scale("cpu"):
         fake = run()
     assert fake.fake and not real.fake
     assert fake.peak_bytes == real.peak_bytes
@@ -475,7 +475,8 @@ def test_full_scale_virtual_gpu_runs_out_in_seconds():
 def _fake_training(steps=2):
     """Two Adam steps of a small ResNet on a virtual GPU with fake tensors: the peaks, the
     reserved peak, and measure_step's bytes per category."""
-    gpu = helpers.VirtualGPU("2 GiB", fake=True, rounding=True, context_bytes="100 MiB")
+    gpu = helpers.VirtualGPU("2 GiB", fake=True, rounding=True, context_bytes="100 MiB",
+                             device="cpu")
     with gpu:
         torch.manual_seed(0)
         net = helpers.LargeResNet(width=8, n_classes=10)
@@ -506,7 +507,7 @@ def test_fast_paths_count_exactly_what_full_fake_dispatch_counts(monkeypatch):
 
 
 def test_in_place_errors_still_raise_on_fake_tensors():
-    with helpers.VirtualGPU("1 GiB", fake=True):
+    with helpers.VirtualGPU("1 GiB", fake=True, device="cpu"):
         a, b = torch.empty(3, 4), torch.empty(5, 4)
         with pytest.raises(RuntimeError):
             a.add_(b)  # does not broadcast to a's shape

@@ -37,7 +37,7 @@ def build():
     return nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, H), nn.ReLU(), nn.Linear(H, 10))
 
 def measure(ddp, view):
-    with helpers.VirtualGPU("H200") as gpu:
+    with helpers.VirtualGPU("H200", device="cpu") as gpu:
         model = build()
         m = DDP(model, gradient_as_bucket_view=view) if ddp else model
         opt = torch.optim.Adam(m.parameters(), foreach=True)

@@ -67,6 +67,7 @@ def test_tf32_settings_reject_unknown_devices():
         helpers.tf32_settings("gpu")
 
 
+@pytest.mark.real_pick_device
 def test_default_device_is_the_picked_one():
     assert helpers.amp_settings().device_type == helpers.pick_device().type
 

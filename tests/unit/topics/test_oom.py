@@ -58,6 +58,7 @@ def accumulate_over_calls(every):
 def check(make_step, **kwargs):
     kwargs.setdefault("model", small_resnet)
     kwargs.setdefault("gpu", "8 GiB")
+    kwargs.setdefault("device", "cpu")  # on a GPU machine the default would be the GPU
     return helpers.check_training(make_step, **kwargs)
 
 
@@ -84,7 +85,8 @@ def test_large_resnet_is_resnet_200():
 def test_a_fitting_step_reports_the_peak_the_virtual_gpu_saw():
     result = check(plain, batch_size=16)
     assert result.fits and result.passed and result.oom is None
-    card = helpers.VirtualGPU("8 GiB", fake=True, rounding=True, context_bytes="500 MiB")
+    card = helpers.VirtualGPU("8 GiB", fake=True, rounding=True, context_bytes="500 MiB",
+                              device="cpu")
     with card:
         net = small_resnet()
         opt = torch.optim.Adam(net.parameters())
@@ -349,7 +351,7 @@ def test_synthetic_images():
     assert torch.equal(data[-7][0], image)
     with pytest.raises(IndexError, match="out of range"):
         data[10]
-    with helpers.full_scale():
+    with helpers.full_scale("cpu"):
         fake_image, _ = SyntheticImages(2)[0]
         assert type(fake_image).__name__ == "FakeTensor" and fake_image.shape == (3, 224, 224)
         batches = list(torch.utils.data.DataLoader(SyntheticImages(6, size=8), batch_size=4))
