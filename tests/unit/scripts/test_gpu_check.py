@@ -430,3 +430,69 @@ def test_run_notebook_skips_tensorflow_cells_by_the_kernels_interpreter(
         assert printed == "the TensorFlow cell ran\n", (printed, log_text[-2000:])
     else:
         assert printed.startswith("skipped: TensorFlow is not installed (or hidden)"), printed
+
+
+# ------------------------------------------------ the unit part in a lean environment
+# sitecustomize.py for a child process: playwright (and its pytest plugin) are not installed,
+# as in .venv-site on a cluster node (scripts/site_env.py never installs them): their modules
+# are not found and their distributions (the plugin's entry point) are not listed
+HIDE_PLAYWRIGHT = '''
+import sys
+
+HIDDEN = ("playwright", "pytest_playwright")
+
+
+class _Hide:
+    def __init__(self, finder):
+        self._finder = finder
+
+    def __getattr__(self, name):
+        return getattr(self._finder, name)
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in HIDDEN or not hasattr(self._finder, "find_spec"):
+            return None
+        return self._finder.find_spec(name, path, target)
+
+    def find_distributions(self, *args, **kwargs):
+        find = getattr(self._finder, "find_distributions", None)
+        for dist in find(*args, **kwargs) if find else ():
+            if dist.metadata["Name"].lower().replace("-", "_") not in HIDDEN:
+                yield dist
+
+
+sys.meta_path[:] = [_Hide(finder) for finder in sys.meta_path]
+'''
+
+
+def _collect_browser_tests_without_playwright(gpu_check, tmp_path, ci: str):
+    """The unit part's own command, collecting tests/browser only, where playwright is absent."""
+    (step,) = gpu_check.parts(dry_run=True, workers=2)["unit"]
+    command = list(step.command)
+    n = command.index("-n")
+    del command[n:n + 2]  # one process: collection only
+    command[command.index("tests")] = "tests/browser"
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(HIDE_PLAYWRIGHT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)]), "CI": ci}
+    return subprocess.run([*command, "--collect-only"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_unit_part_without_playwright_skips_the_browser_tests_naming_it(gpu_check, tmp_path):
+    """A site environment has no playwright: the browser test files are skipped with that
+    reason, not collection errors that fail the whole unit part after a full run."""
+    done = _collect_browser_tests_without_playwright(gpu_check, tmp_path, ci="")
+    out = done.stdout + done.stderr
+    assert "ERROR" not in out and "errors during collection" not in out, out[-3000:]
+    assert done.returncode in (0, 5), out[-3000:]  # 5: every test deselected (-m not browser)
+    assert "SKIPPED" in out and "playwright is not installed" in out, out[-3000:]
+
+
+def test_ci_without_playwright_still_fails_the_browser_tests(gpu_check, tmp_path):
+    """CI=true is the full environment: a missing playwright is a broken setup, never a skip."""
+    done = _collect_browser_tests_without_playwright(gpu_check, tmp_path, ci="true")
+    out = done.stdout + done.stderr
+    assert done.returncode not in (0, 5), out[-3000:]
+    assert "playwright" in out and "SKIPPED" not in out, out[-3000:]
