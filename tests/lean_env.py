@@ -1,0 +1,36 @@
+"""Tests that need what only the full environment has: skip elsewhere, naming it; fail in CI.
+
+The unit tests run in the full environment (``make setup``, CI) and in lean ones: the GPU
+test mode over a cluster's Python (``make setup SITE=1``, ``.venv-site``), which has no
+TensorFlow, JupyterLab or playwright (scripts/site_env.py never installs them). A test that
+needs one of those calls :func:`require` (or :func:`missing` for other reasons) and is skipped
+there with the reason. Under ``CI=true`` it fails instead, as the browser tests do
+(tests/browser/conftest.py): CI is the full environment by construction, so a missing piece
+there is a broken setup that a skip would hide. ``pyproject.toml`` puts tests/ on sys.path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import NoReturn
+
+import pytest
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def missing(reason: str) -> NoReturn:
+    """Skip the calling test (or module) with ``reason``; under CI=true fail with it."""
+    if in_ci():
+        pytest.fail(f"CI=true (the full environment) but {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def require(module: str, why: str) -> None:
+    """Skip (fail under CI=true) unless the top-level ``module`` is installed; ``why`` says
+    what needs it. An installed module that fails to import is not skipped: import it."""
+    if importlib.util.find_spec(module) is None:
+        missing(f"{module} is not installed here: {why}")
