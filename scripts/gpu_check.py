@@ -112,9 +112,12 @@ def has_selftest(path: str) -> bool:
 def parts(dry_run: bool, workers: int, out_dir: Path | None = None) -> dict[str, list[Step]]:
     """Every part's steps, in the order `make test GPU=1` runs them."""
     py = sys.executable
+    # -ra: every skip with its reason in the log (what this environment lacks, e.g. a site
+    # environment's TensorFlow, JupyterLab, playwright: tests/lean_env.py); -rs alone would
+    # drop the failures and errors from the short summary
     out = {"unit": [Step("pytest tests (not browser, not gpu)", "pytest",
                          [py, "-m", "pytest", "tests", "-m", "not browser and not gpu", "-q",
-                          "-n", str(workers), "-p", "no:cacheprovider"])]}
+                          "-ra", "-n", str(workers), "-p", "no:cacheprovider"])]}
     for name in GPU_PARTS:
         files = gpu_test_files(name)
         steps = [Step(f"pytest {' '.join(Path(f).name for f in files)}", "pytest",
