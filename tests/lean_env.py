@@ -23,7 +23,11 @@ def in_ci() -> bool:
 
 
 def missing(reason: str) -> NoReturn:
-    """Skip the calling test (or module) with ``reason``; under CI=true fail with it."""
+    """Skip the calling test (or module) with ``reason``; under CI=true fail with it.
+
+    The reason starts with the test's id: the summary line's location is this file."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    reason = f"{test}: {reason}" if test else reason
     if in_ci():
         pytest.fail(f"CI=true (the full environment) but {reason}", pytrace=False)
     pytest.skip(reason, allow_module_level=True)

@@ -36,8 +36,9 @@ class _WithoutPlaywright(pytest.Module):
     installs it): skipped with the reason instead of failing to import (fails under CI=true)."""
 
     def collect(self):
-        missing("playwright is not installed here: the browser tests drive Chromium through "
-                "it (requirements.txt; a site environment never installs it)")
+        missing(f"{self.path.name}: playwright is not installed here: the browser tests "
+                "drive Chromium through it (requirements.txt; a site environment never "
+                "installs it)")
 
 
 @pytest.hookimpl(tryfirst=True)
