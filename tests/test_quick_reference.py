@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lean_env
 import pytest
 
 from helpers.authoring import build
@@ -45,6 +46,7 @@ def test_every_shell_block_parses(index):
 
 
 def test_the_python_blocks_run_in_order_on_a_cpu(tmp_path):
+    lean_env.require("tensorflow", "the page's Keras blocks import it")
     runnable = [code for code in blocks("python") if not code.startswith("# script:")]
     assert len(runnable) >= 7
     program = tmp_path / "quick_reference.py"

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import lean_env
 import pytest
 
 from helpers.launch import free_port, run_captured, tf_config, torchrun_command
@@ -64,10 +65,13 @@ def fake_slurm(tmp_path):
         exe.write_text(text)
         exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
 
+    # then this test environment's bin/ (python, torchrun): the scripts activate .venv only
+    # where it exists (not in .venv-site, or a worktree run with another checkout's venv)
     def env(hosts, **extra):
         return {
             **os.environ,
-            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent),
+                                     os.environ["PATH"]]),
             "FAKE_SLURM_LOG": str(log), "FAKE_HOSTS": ",".join(hosts),
             "SLURM_JOB_ID": "4242", "SLURM_NNODES": str(len(hosts)),
             "SLURM_JOB_NODELIST": "fake[01-02]", "SLURM_CPUS_PER_TASK": "2",
@@ -179,6 +183,7 @@ def test_slurm_ddp_really_runs_two_nodes_on_this_machine(fake_slurm, tmp_path):
 
 @pytest.mark.slow
 def test_slurm_tf_really_runs_two_workers_on_this_machine(fake_slurm, tmp_path):
+    lean_env.require("tensorflow", "the job trains with tf.distribute on two workers")
     port = free_port()
     env = fake_slurm(["127.0.0.1", "127.0.0.1"], FAKE_SRUN_MODE="run", TF_PORT=str(port),
                      TRAIN_ARGS=f"--epochs 2 --samples 256 --checkpoint-dir {tmp_path / 'ck'}")

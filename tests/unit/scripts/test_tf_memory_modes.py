@@ -10,6 +10,7 @@ import sys
 import types
 from pathlib import Path
 
+import lean_env
 import pytest
 from script_loader import load_script
 
@@ -94,6 +95,7 @@ def test_without_a_gpu_nothing_is_configured(monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_the_real_script_on_this_cpu_configures_nothing():
+    lean_env.require("tensorflow", "the script configures TensorFlow's GPUs")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
     result = subprocess.run([sys.executable, str(SCRIPT), "growth"], capture_output=True,
                             text=True, env=env, timeout=300, check=False)
