@@ -81,8 +81,10 @@ def test_wheel_installs_and_imports_every_public_name(tmp_path):
           "--no-index", wheel])
     purelib = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
                                        "['purelib'])"]).stdout.strip())
-    # after the venv's own site-packages: this environment's torch, numpy, TensorFlow...
-    lent = [sysconfig.get_paths()["purelib"], *site.getsitepackages()]
+    # after the venv's own site-packages: this environment's torch, numpy, TensorFlow...,
+    # also those a .pth file lends it (.venv-site: the site's Python's site-packages)
+    lent = [sysconfig.get_paths()["purelib"], *site.getsitepackages(),
+            *(p for p in sys.path if Path(p).name in ("site-packages", "dist-packages"))]
     (purelib / "zz_test_environment.pth").write_text(
         "\n".join(dict.fromkeys(p for p in lent if Path(p).is_dir())) + "\n")
 
