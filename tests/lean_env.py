@@ -25,9 +25,12 @@ def in_ci() -> bool:
 def missing(reason: str) -> NoReturn:
     """Skip the calling test (or module) with ``reason``; under CI=true fail with it.
 
-    The reason starts with the test's id: the summary line's location is this file."""
-    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
-    reason = f"{test}: {reason}" if test else reason
+    The reason starts with the test's id: the summary line's location is this file. (Not
+    while collecting: PYTEST_CURRENT_TEST may then be inherited, e.g. helpers.authoring.build's
+    KERNEL_ENV that scripts/gpu_check.py passes to its steps.)"""
+    test, _, phase = os.environ.get("PYTEST_CURRENT_TEST", "").rpartition(" (")
+    if "::" in test and phase in ("setup)", "call)", "teardown)"):
+        reason = f"{test}: {reason}"
     if in_ci():
         pytest.fail(f"CI=true (the full environment) but {reason}", pytrace=False)
     pytest.skip(reason, allow_module_level=True)
