@@ -121,7 +121,7 @@ def parts(dry_run: bool, workers: int, out_dir: Path | None = None) -> dict[str,
     for name in GPU_PARTS:
         files = gpu_test_files(name)
         steps = [Step(f"pytest {' '.join(Path(f).name for f in files)}", "pytest",
-                      [py, "-m", "pytest", *files, "-m", "gpu", "-q", "-rs",
+                      [py, "-m", "pytest", *files, "-m", "gpu", "-q", "-ra",
                        "-p", "no:cacheprovider"])]
         if dry_run:
             steps += [Step(f"{f} --selftest-cpu", "script", [py, f, "--selftest-cpu"])
@@ -154,7 +154,7 @@ def custom_part(notebooks: list[str], gpu_tests: list[str], dry_run: bool) -> li
     steps = [Step(f"{n}", "notebook", notebook=n) for n in notebooks]
     for path in gpu_tests:
         steps.append(Step(f"pytest {path}", "pytest",
-                          [py, "-m", "pytest", path, "-m", "gpu", "-q", "-rs",
+                          [py, "-m", "pytest", path, "-m", "gpu", "-q", "-ra",
                            "-p", "no:cacheprovider"]))
         if dry_run and has_selftest(path):
             steps.append(Step(f"{path} --selftest-cpu", "script",
