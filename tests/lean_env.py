@@ -41,3 +41,41 @@ def require(module: str, why: str) -> None:
     what needs it. An installed module that fails to import is not skipped: import it."""
     if importlib.util.find_spec(module) is None:
         missing(f"{module} is not installed here: {why}")
+
+
+_HIDING = '''
+import sys
+
+HIDDEN = {names!r}
+
+
+class _Hide:
+    """Wraps each import finder: the hidden modules and distributions are not found."""
+
+    def __init__(self, finder):
+        self._finder = finder
+
+    def __getattr__(self, name):
+        return getattr(self._finder, name)
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in HIDDEN or not hasattr(self._finder, "find_spec"):
+            return None
+        return self._finder.find_spec(name, path, target)
+
+    def find_distributions(self, *args, **kwargs):
+        find = getattr(self._finder, "find_distributions", None)
+        for dist in find(*args, **kwargs) if find else ():
+            if dist.metadata["Name"].lower().replace("-", "_") not in HIDDEN:
+                yield dist
+
+
+sys.meta_path[:] = [_Hide(finder) for finder in sys.meta_path]
+'''
+
+
+def hiding_sitecustomize(*names: str) -> str:
+    """The text of a sitecustomize.py that makes ``names`` (top-level modules, distribution
+    names with ``_`` for ``-``) unimportable and unlisted in a child process whose PYTHONPATH
+    holds its folder: a lean environment, made from the full one."""
+    return _HIDING.format(names=tuple(names))

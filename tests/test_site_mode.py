@@ -18,6 +18,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from lean_env import hiding_sitecustomize
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "site_env.py"
@@ -25,35 +26,7 @@ SCRIPT = ROOT / "scripts" / "site_env.py"
 # sitecustomize.py on the kernel's PYTHONPATH: `import tensorflow` (and keras, which needs it)
 # then fails, and find_spec/importlib.metadata find nothing, as on a site without TensorFlow,
 # although this test environment has it installed.
-HIDE_TF = '''
-import sys
-
-HIDDEN = ("tensorflow", "keras", "tf_keras", "tensorflow_cpu")
-
-
-class _Hide:
-    """Wraps each import finder: TensorFlow's modules and distributions are not found."""
-
-    def __init__(self, finder):
-        self._finder = finder
-
-    def __getattr__(self, name):
-        return getattr(self._finder, name)
-
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in HIDDEN or not hasattr(self._finder, "find_spec"):
-            return None
-        return self._finder.find_spec(name, path, target)
-
-    def find_distributions(self, *args, **kwargs):
-        find = getattr(self._finder, "find_distributions", None)
-        for dist in find(*args, **kwargs) if find else ():
-            if dist.metadata["Name"].lower().replace("-", "_") not in HIDDEN:
-                yield dist
-
-
-sys.meta_path[:] = [_Hide(finder) for finder in sys.meta_path]
-'''
+HIDE_TF = hiding_sitecustomize("tensorflow", "keras", "tf_keras", "tensorflow_cpu")
 
 NOTEBOOK_CELLS = [
     "import sys\nimport torch\nimport helpers\nprint('kernel:', sys.executable)\n"

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from lean_env import hiding_sitecustomize
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -436,33 +437,7 @@ def test_run_notebook_skips_tensorflow_cells_by_the_kernels_interpreter(
 # sitecustomize.py for a child process: playwright (and its pytest plugin) are not installed,
 # as in .venv-site on a cluster node (scripts/site_env.py never installs them): their modules
 # are not found and their distributions (the plugin's entry point) are not listed
-HIDE_PLAYWRIGHT = '''
-import sys
-
-HIDDEN = ("playwright", "pytest_playwright")
-
-
-class _Hide:
-    def __init__(self, finder):
-        self._finder = finder
-
-    def __getattr__(self, name):
-        return getattr(self._finder, name)
-
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in HIDDEN or not hasattr(self._finder, "find_spec"):
-            return None
-        return self._finder.find_spec(name, path, target)
-
-    def find_distributions(self, *args, **kwargs):
-        find = getattr(self._finder, "find_distributions", None)
-        for dist in find(*args, **kwargs) if find else ():
-            if dist.metadata["Name"].lower().replace("-", "_") not in HIDDEN:
-                yield dist
-
-
-sys.meta_path[:] = [_Hide(finder) for finder in sys.meta_path]
-'''
+HIDE_PLAYWRIGHT = hiding_sitecustomize("playwright", "pytest_playwright")
 
 
 def _collect_browser_tests_without_playwright(gpu_check, tmp_path, ci: str):
