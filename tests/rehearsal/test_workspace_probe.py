@@ -66,3 +66,29 @@ def test_cuda_path_without_the_size_binding_reports_unknown(cuda_backed_by_virtu
     probe = helpers.first_matmul_memory("cuda", n=64)
     assert probe.workspace_bytes is None and probe.peak_extra_bytes == HOPPER
     assert "cuBLAS workspace: unknown" in str(probe)
+
+
+# ------------------------------------------------- the real card's size, for a virtual GPU
+@pytest.mark.parametrize(("capability", "expected"), [((9, 0), HOPPER), ((8, 0), 8_519_680)])
+def test_cublas_workspace_bytes_without_the_binding_follows_the_card(monkeypatch, capability,
+                                                                     expected):
+    """torch 2.11 (the first GPU node's) has no cublas_workspace_size: the size then comes from
+    the card's compute capability, as PyTorch picks it (review R4: test_batch_size_gpu's
+    virtual side needs the real card's workspaces)."""
+    from helpers.memory.workspaces import cublas_workspace_bytes
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.delattr(torch.backends.cuda, "cublas_workspace_size", raising=False)
+    with SimulatedCuda("H200", capability=capability):
+        assert cublas_workspace_bytes() == expected
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2")
+        assert cublas_workspace_bytes("cuda:0") == 8 * 2**20
+
+
+def test_cublas_workspace_bytes_takes_torchs_own_answer(monkeypatch):
+    from helpers.memory.workspaces import cublas_workspace_bytes
+
+    monkeypatch.setattr(torch.backends.cuda, "cublas_workspace_size", lambda: 12345,
+                        raising=False)
+    with SimulatedCuda("H200", capability=(8, 6)):
+        assert cublas_workspace_bytes() == 12345

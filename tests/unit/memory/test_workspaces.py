@@ -469,3 +469,12 @@ def test_workspaces_add_to_every_point_of_a_steady_step_exactly(checkpoint):
     # 2 forward, 2 backward, + the first segment's one recomputed (the last segment of
     # checkpoint_sequential is not checkpointed)
     assert len(convs) == (5 if checkpoint else 4)
+
+
+def test_cublas_workspace_bytes_needs_a_cuda_device():
+    from helpers.memory.workspaces import cublas_workspace_bytes
+
+    with pytest.raises(ValueError, match="device"):
+        cublas_workspace_bytes("cpu")
+    with pytest.raises(TypeError, match="device"):
+        cublas_workspace_bytes(3.5)
