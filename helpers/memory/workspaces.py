@@ -43,7 +43,7 @@ from ..core.checks import positive_int, shown
 
 __all__ = ["Workspaces", "CUBLAS_OPS", "CUDNN_OPS", "parse_cublas_workspace_config",
            "default_cublas_workspace", "DEFAULT_CUDNN_WORKSPACE", "KiB", "MiB",
-           "FirstMatmul", "first_matmul_memory"]
+           "FirstMatmul", "first_matmul_memory", "cublas_workspace_bytes"]
 
 KiB = 1024
 MiB = 1024**2
@@ -168,6 +168,29 @@ def _first_set(value, argument: str, env, variable: str, from_env, default) -> t
         return value, argument
     raw = env.get(variable)
     return from_env(raw) if raw is not None else default()
+
+
+def cublas_workspace_bytes(device=None) -> int:
+    """Bytes of one cuBLAS workspace on a CUDA ``device`` (default: the current one), as this
+    torch sizes it: its own answer (``torch.backends.cuda.cublas_workspace_size()``, torch
+    2.13 and later), else ``CUBLAS_WORKSPACE_CONFIG``, else PyTorch's default for the card's
+    compute capability. The GPU checks give a virtual GPU the real card's workspaces with it
+    (``VirtualGPU(..., workspaces=True, cublas_workspace=cublas_workspace_bytes())``).
+    TypeError/ValueError for a device that is not a CUDA device of this machine.
+    """
+    import torch
+
+    from ..core.checks import device_arg
+
+    device = device_arg("cuda" if device is None else device, "device")
+    if device.type != "cuda":
+        raise ValueError(f"device must be a CUDA device (cuBLAS runs there), got "
+                         f"{str(device)!r}")
+    try:
+        return int(torch.backends.cuda.cublas_workspace_size())
+    except (AttributeError, RuntimeError):  # torch < 2.13 has no such binding
+        props = torch.cuda.get_device_properties(device)
+        return Workspaces.resolve(compute_capability=(props.major, props.minor)).cublas_bytes
 
 
 @dataclass(frozen=True)

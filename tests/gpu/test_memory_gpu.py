@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 import helpers  # noqa: E402
 from helpers.core.recorded import KIND, results_dir  # noqa: E402
+from helpers.memory.workspaces import cublas_workspace_bytes  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 NO_GPU = "needs a CUDA GPU (torch.cuda.is_available() is False): run it on a GPU machine"
@@ -190,18 +191,6 @@ def fits_real(name: str, batch: int, capacity: int) -> bool:
         cleanup()
 
 
-def real_cublas_workspace() -> int:
-    """Bytes of one cuBLAS workspace on GPU 0, as this torch sizes it (its own answer where it
-    has one, else CUBLAS_WORKSPACE_CONFIG or the default for the card's compute capability)."""
-    try:
-        return int(torch.backends.cuda.cublas_workspace_size())
-    except (AttributeError, RuntimeError):  # torch < 2.13 has no such binding
-        from helpers.memory.workspaces import Workspaces
-
-        props = torch.cuda.get_device_properties(0)
-        return Workspaces.resolve(compute_capability=(props.major, props.minor)).cublas_bytes
-
-
 def largest_batch(fits, grid: list[int]) -> int:
     """The largest batch on ``grid`` that fits (binary search; 0 if none)."""
     lo, hi = -1, len(grid)
@@ -277,7 +266,7 @@ def run_all(write: bool = True) -> dict:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
         "hardware": hardware(), "peak_tolerance": PEAK_TOLERANCE,
         "peaks": [peak_check(name) for name in MODELS],
-        "oom": oom_check(cublas_workspace=real_cublas_workspace()),
+        "oom": oom_check(cublas_workspace=cublas_workspace_bytes("cuda:0")),
     }
     if write:
         results_dir().mkdir(parents=True, exist_ok=True)
