@@ -15,11 +15,17 @@ torch cannot use FAILS, see helpers.core.gpu_visibility), and `notebooks-a`... (
 notebook top to bottom with nbclient and ipykernel: asserts in cells must hold, outputs are
 not compared, the kernel's host memory (VmHWM) must stay within HOST_RSS_BUDGET_MIB).
 
+No green a GPU cannot earn: a real (not dry) part runs only where the GPU visibility verdict
+is "usable" (a hidden GPU fails it at once, and nothing is copied for committing); a notebook
+whose every code cell needs the TensorFlow its kernel lacks is "skipped", and so is a part
+whose steps all skipped: never "passed".
+
 Everything goes to one folder (default gpu-check-results/<date>/, git-ignored): one JSON
 record per part (<part>.json, the schema is validate_record below), logs/<part>.log, and the
 executed notebooks. A part whose record says "passed" is skipped unless --force. A real
-(non-dry) run also copies each record to tests/gpu/results/gpu-check-<part>.json: commit
-those, with the results files the GPU tests write there (memory.json, amp.json, ...).
+(non-dry) run also copies each record to tests/gpu/results/gpu-check-<part>.json (or to
+$GPU_LESSONS_RESULTS_DIR): commit those, with the results files the GPU tests write there
+(memory.json, amp.json, ...).
 
 --dry-run (make gpu-check DRY_RUN=1) runs on a machine without a GPU: the same driver code,
 the same schema with "dry_run": true, and the GPU tests' --selftest-cpu paths as CPU
