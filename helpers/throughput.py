@@ -397,12 +397,6 @@ def _cuda_index(sync) -> int | None:
     return device.index if device.type == "cuda" else None
 
 
-def _plain_uuid(uuid) -> str:
-    """NVML says 'GPU-1a2b...', torch '1a2b...': compare without the prefix, lowercase."""
-    uuid = str(uuid or "").strip().lower()
-    return uuid[4:] if uuid.startswith(("gpu-", "mig-")) else uuid
-
-
 def _process_gpu(cuda_index: int | None):
     """(NVML's number of the GPU this process's torch uses, the note to show).
 
@@ -415,23 +409,19 @@ def _process_gpu(cuda_index: int | None):
 
     count = nvml.gpu_count()
     torch = sys.modules.get("torch")
-    try:
-        started = torch is not None and bool(torch.cuda.is_initialized())
-    except Exception:  # noqa: BLE001 - a broken CUDA install: as good as not started
-        started = False
-    if not started:
+    if not nvml.cuda_started():
         if count == 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
             return 0, "GPU-Util of GPU 0 from NVML (the only GPU)"
         return _THIS_GPU, (f"no GPU-Util: this process has not started CUDA, so which of the "
                            f"{count} GPUs NVML sees is its own is unknown")
     try:
         index = int(torch.cuda.current_device() if cuda_index is None else cuda_index)
-        uuid = _plain_uuid(getattr(torch.cuda.get_device_properties(index), "uuid", ""))
+        uuid = nvml.plain_uuid(getattr(torch.cuda.get_device_properties(index), "uuid", ""))
     except Exception as exc:  # noqa: BLE001
         return None, (f"no GPU-Util: torch cannot say which GPU it uses "
                       f"({type(exc).__name__}: {exc})")
     for gpu in nvml.list_gpus():
-        if uuid and _plain_uuid(gpu.uuid) == uuid:
+        if uuid and nvml.plain_uuid(gpu.uuid) == uuid:
             return gpu.index, (f"GPU-Util of GPU {gpu.index} from NVML (this process's "
                                f"cuda:{index}, matched by UUID)")
     return None, (f"no GPU-Util: NVML lists no GPU with the UUID of this process's cuda:{index} "

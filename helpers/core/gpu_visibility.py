@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
 from .fmt import ShownAsTable
+from .nvml import plain_uuid
 
 __all__ = ["GpuVisibility", "NvmlGpu", "gpu_visibility", "USABLE", "HIDDEN", "NO_GPU", "BROKEN",
            "CUDA_DRIVER_FLOOR"]
@@ -84,15 +85,6 @@ class GpuVisibility(ShownAsTable):
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _norm_uuid(uuid: str) -> str:
-    """NVML says 'GPU-1a2b...', torch says '1a2b...': compare without prefix, lowercase."""
-    uuid = _text(uuid).strip().lower()
-    for prefix in ("gpu-", "mig-"):
-        if uuid.startswith(prefix):
-            return uuid[len(prefix):]
-    return uuid
 
 
 def _nvml_view(nvml) -> tuple[list[NvmlGpu], str | None, int | None, str | None, list[str]]:
@@ -165,7 +157,7 @@ def _deliberately_visible(gpus: list[NvmlGpu], env: Mapping[str, str]) -> tuple[
     plain = [g for g in gpus if not g.mig]
     if cvd is not None:
         entries = [e.strip() for e in cvd.split(",")] if cvd.strip() else []
-        uuids = {_norm_uuid(g.uuid) for g in gpus}
+        uuids = {plain_uuid(g.uuid) for g in gpus}
         n = 0
         for entry in entries:  # CUDA stops at the first entry it cannot parse
             if entry.isdigit() and int(entry) < len(gpus):
@@ -173,7 +165,7 @@ def _deliberately_visible(gpus: list[NvmlGpu], env: Mapping[str, str]) -> tuple[
             elif entry.lower().startswith("mig-"):
                 n += 1
             elif entry.lower().startswith("gpu-") and any(
-                    u.startswith(_norm_uuid(entry)) for u in uuids):
+                    u.startswith(plain_uuid(entry)) for u in uuids):
                 n += 1
             else:
                 break
@@ -294,7 +286,7 @@ def _verdict(gpus: list[NvmlGpu], driver: str | None, cuda_driver_version: int |
         return GpuVisibility(BROKEN, f"torch.cuda.is_available() is False: {cause}", **common,
                              expected=expected)
     props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
-    uuids = tuple(_norm_uuid(str(p.uuid)) for p in props)
+    uuids = tuple(plain_uuid(str(p.uuid)) for p in props)
     common.update(torch_uuids=uuids, expected=expected)
     if len(props) < expected:
         cause = _broken_cause(torch, gpus, driver, cuda_driver_version)
@@ -302,7 +294,7 @@ def _verdict(gpus: list[NvmlGpu], driver: str | None, cuda_driver_version: int |
                                      f"should ({why or 'none hidden on purpose'}): {cause}",
                              **common)
     if env.get("CUDA_VISIBLE_DEVICES") is None:  # every plain GPU should be there, by UUID
-        missing = [g for g in gpus if not g.mig and _norm_uuid(g.uuid) not in uuids]
+        missing = [g for g in gpus if not g.mig and plain_uuid(g.uuid) not in uuids]
         if missing:
             return GpuVisibility(BROKEN, "torch does not see " + ", ".join(
                 f"GPU {g.index} ({g.name}, {g.uuid})" for g in missing) + ": " +

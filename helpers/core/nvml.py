@@ -11,6 +11,7 @@ nvidia-smi does, ignoring ``CUDA_VISIBLE_DEVICES``: NVML's GPU 0 need not be tor
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -19,10 +20,31 @@ from .checks import whole_number
 __all__ = [
     "GpuMemory", "GpuInfo", "GpuProcess", "GpuStatus", "nvml_status", "list_gpus", "gpu_count",
     "gpu_memory", "gpu_utilization", "gpu_utilization_or_why", "gpu_status", "gpu_processes",
+    "plain_uuid", "cuda_started",
 ]
 
 _lock = threading.Lock()
 _state: dict[str, object] = {"initialised": False, "error": None}
+
+
+def plain_uuid(uuid) -> str:
+    """A GPU's UUID as both sides can compare it: NVML says 'GPU-1a2b...' (or 'MIG-...'),
+    torch '1a2b...'; without the prefix, lowercase (bytes decoded)."""
+    uuid = (uuid.decode() if isinstance(uuid, bytes) else str(uuid or "")).strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if uuid.startswith(prefix):
+            return uuid[len(prefix):]
+    return uuid
+
+
+def cuda_started() -> bool:
+    """True when this process already uses CUDA. Reading a torch device's UUID would start a
+    CUDA context, so the gauges and the StepTimer ask torch which GPU it uses only then."""
+    torch = sys.modules.get("torch")
+    try:
+        return torch is not None and bool(torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a broken CUDA install: as good as not started
+        return False
 
 
 def _init():

@@ -276,15 +276,6 @@ def _read_ram(detail: str = "") -> MemoryReading:
     )
 
 
-def _cuda_started() -> bool:
-    """True when this process already uses CUDA (a gauge never starts a CUDA context)."""
-    torch = sys.modules.get("torch")
-    try:
-        return torch is not None and bool(torch.cuda.is_initialized())
-    except Exception:  # noqa: BLE001 - a broken CUDA install: as good as not started
-        return False
-
-
 _torch_index: dict[int, int] = {}
 
 
@@ -297,7 +288,7 @@ def _torch_index_for(nvml_index: int) -> int:
     to show before that anyway)."""
     if nvml_index in _torch_index:
         return _torch_index[nvml_index]
-    if not _cuda_started():
+    if not nvml.cuda_started():
         return -1
     torch, result = sys.modules["torch"], -1
     try:
@@ -321,7 +312,7 @@ def _torch_source(torch_index: int):
     CUDA (a gauge never starts a CUDA context), else None."""
     try:
         return sources.CudaSource(f"cuda:{torch_index}") if (
-            torch_index >= 0 and _cuda_started()) else None
+            torch_index >= 0 and nvml.cuda_started()) else None
     except Exception:  # noqa: BLE001
         return None
 
@@ -390,7 +381,7 @@ def _foreign_pids(procs) -> bool:
 
     if any(p.pid == os.getpid() for p in procs):
         return False
-    return _cuda_started() or not any(os.path.exists(f"/proc/{p.pid}") for p in procs)
+    return nvml.cuda_started() or not any(os.path.exists(f"/proc/{p.pid}") for p in procs)
 
 
 def _cuda_reading(index: int, mem: nvml.GpuMemory | None) -> MemoryReading | None:
@@ -432,7 +423,7 @@ def _nvml_memory(index: int) -> nvml.GpuMemory | None:
 def _read_cuda(index: int | None, fallback_note: bool) -> MemoryReading:
     if index is None:  # the GPU this process uses, else the first
         try:
-            index = int(sys.modules["torch"].cuda.current_device()) if _cuda_started() else 0
+            index = int(sys.modules["torch"].cuda.current_device()) if nvml.cuda_started() else 0
         except Exception:  # noqa: BLE001
             index = 0
     ok, why = nvml.nvml_status()
