@@ -471,3 +471,37 @@ def test_ci_without_playwright_still_fails_the_browser_tests(gpu_check, tmp_path
     out = done.stdout + done.stderr
     assert done.returncode not in (0, 5), out[-3000:]
     assert "playwright" in out and "SKIPPED" not in out, out[-3000:]
+
+
+def test_a_part_stopped_by_a_time_limit_still_writes_its_record(gpu_check, tmp_path):
+    """tests/gpu/first_run.sh gives each part a time limit (timeout sends SIGTERM): the part's
+    record, with what ran and the step that was stopped, is what a 10-minute GPU run brings
+    back. Without it, a part cut short left only its log."""
+    import signal
+    import time
+
+    slow = tmp_path / "test_slow_gpu.py"
+    slow.write_text("import time\nimport pytest\n\n\n@pytest.mark.gpu\n"
+                    "def test_slow():\n    time.sleep(120)\n")
+    out = tmp_path / "out"
+    run = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--out", str(out),
+         "--gpu-tests", str(slow)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    log = out / "logs" / "custom.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (
+            log.is_file() and "==== pytest" in log.read_text()):
+        time.sleep(0.5)
+    time.sleep(3)  # pytest is running the slow test now
+    run.send_signal(signal.SIGTERM)
+    try:
+        printed, _ = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 1, printed
+    record = json.loads((out / "custom.json").read_text())
+    assert record["status"] == "failed" and gpu_check.validate_record(record) == []
+    step = record["steps"][0]
+    assert step["status"] == "failed" and "stopped by SIGTERM" in step["detail"], step
+    assert "stopped by SIGTERM" in printed
