@@ -40,6 +40,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -90,6 +91,16 @@ THROUGHPUT, THROUGHPUT_PART = "tests/gpu/throughput_gpu.py", "gpu-b"
 STATUSES = ("passed", "failed", "skipped")
 # "check": a condition of the whole part (a real part on a GPU torch cannot use)
 STEP_KINDS = ("pytest", "script", "notebook", "check")
+
+
+class Stopped(BaseException):
+    """SIGTERM (a time limit: tests/gpu/first_run.sh runs each part under `timeout`) or
+    SIGINT: the running step is stopped, and the part still writes its record. A
+    BaseException, as KeyboardInterrupt is, so that no step's `except Exception` takes it."""
+
+
+def _stop(signum, frame):
+    raise Stopped(f"stopped by {signal.Signals(signum).name} (a time limit?)")
 
 
 # ---------------------------------------------------------------- parts and steps
@@ -390,6 +401,7 @@ def run_part(name: str, steps: list[Step], *, out_dir: Path, dry_run: bool, forc
     # pytest exit 0, while NVML still names the GPU the record would be labelled with
     vis = env_info.get("gpu_visibility") or {}
     usable = dry_run or vis.get("verdict") == "usable"
+    stopped = None
     with log_path.open("w") as log:
         log.write(f"gpu_check part {name} ({'dry run' if dry_run else 'GPU'}), {date}\n"
                   f"{json.dumps(env_info, indent=1)}\n")
@@ -409,15 +421,25 @@ def run_part(name: str, steps: list[Step], *, out_dir: Path, dry_run: bool, forc
                        "detail": f"Jupyter kernel {step.kernel!r} is not installed (the "
                                  "optional TensorFlow GPU environment, README 'GPU machines')"}
                 log.write(f"\n==== {step.name}: skipped: {res['detail']}\n")
-            elif step.kind == "notebook":
-                res = run_notebook(step, env, log, out_dir, budget)
             else:
-                res = run_command(step, env, log)
+                try:
+                    res = (run_notebook(step, env, log, out_dir, budget)
+                           if step.kind == "notebook" else run_command(step, env, log))
+                except Stopped as exc:  # the steps after it do not run
+                    stopped = exc
+                    res = {"status": "failed", "detail": f"{exc} after "
+                           f"{time.perf_counter() - t0:.0f} s; the steps after it did not run"}
+                    if step.kind == "notebook":
+                        res["kernel_peak_rss_mib"] = None
+                    log.write(f"\n==== {step.name}: {res['detail']}\n")
             row = {"name": step.name, "kind": step.kind,
                    "seconds": round(time.perf_counter() - t0, 1),
                    "log": str(log_path.relative_to(out_dir)), **res}
             rows.append(row)
-            print(f"  {row['status']:6s} {row['seconds']:6.1f} s  {step.name}", flush=True)
+            print(f"  {row['status']:6s} {row['seconds']:6.1f} s  {step.name}"
+                  + (f"  [{row['detail']}]" if stopped else ""), flush=True)
+            if stopped:
+                break
     written = [_rel(record_path), _rel(log_path)]
     written += [_rel(out_dir / r["executed_notebook"]) for r in rows if "executed_notebook" in r]
     record = {
@@ -441,6 +463,8 @@ def run_part(name: str, steps: list[Step], *, out_dir: Path, dry_run: bool, forc
         results_dir.mkdir(parents=True, exist_ok=True)
         (results_dir / f"gpu-check-{name}.json").write_text(text)
     print(summary(record))
+    if stopped is not None:
+        raise stopped
     return record
 
 
@@ -636,11 +660,18 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"gpu-check: parts {', '.join(names)}; results in {out_dir}", flush=True)
     failed, skipped = [], []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop)
     for name in names:
         print(f"---- part {name}", flush=True)
-        record = run_part(name, table[name], out_dir=out_dir, dry_run=args.dry_run,
-                          force=args.force, results_dir=args.results_dir,
-                          hide_tf=args.hide_tensorflow)
+        try:
+            record = run_part(name, table[name], out_dir=out_dir, dry_run=args.dry_run,
+                              force=args.force, results_dir=args.results_dir,
+                              hide_tf=args.hide_tensorflow)
+        except Stopped as exc:
+            print(f"gpu-check: {exc} in part {name}; its record is written, the parts after "
+                  "it did not run")
+            return 1
         if record["status"] == "failed":
             failed.append(name)
         elif record["status"] == "skipped":
