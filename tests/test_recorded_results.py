@@ -11,14 +11,13 @@ results runs on them, printing their label instead of "no recorded results".
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "data" / "sample_gpu_results"
@@ -36,15 +35,6 @@ def _cells_reading_results():
                 yield path, i, cell, source
 
 
-def _gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check_for_results",
-                                                  ROOT / "scripts" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_cells_showing_recorded_results_are_not_compared():
     cells = list(_cells_reading_results())
     assert {p.stem for p, *_ in cells} >= {"07_mixed_precision", "09_throughput"}
@@ -57,7 +47,7 @@ def test_cells_showing_recorded_results_are_not_compared():
 def test_a_committed_sample_results_set_keeps_the_cpu_suite_green(tmp_path, monkeypatch):
     results = tmp_path / "results"
     shutil.copytree(SAMPLE, results, ignore=shutil.ignore_patterns("*.md"))
-    gpu_check = _gpu_check()
+    gpu_check = load_script("gpu_check", "gpu_check_for_results")
     for path in sorted(results.glob("*.json")):
         assert gpu_check.validate_record(json.loads(path.read_text())) == [], path.name
     monkeypatch.setenv("GPU_LESSONS_RESULTS_DIR", str(results))
