@@ -79,3 +79,16 @@ def hiding_sitecustomize(*names: str) -> str:
     names with ``_`` for ``-``) unimportable and unlisted in a child process whose PYTHONPATH
     holds its folder: a lean environment, made from the full one."""
     return _HIDING.format(names=tuple(names))
+
+
+def fake_kernelspec(jupyter_path, name: str, python) -> None:
+    """Install the Jupyter kernel ``name``, started by the interpreter ``python`` (a script
+    that changes what it sees), under ``jupyter_path``; point JUPYTER_PATH there to use it."""
+    import json
+    from pathlib import Path
+
+    spec = Path(jupyter_path) / "kernels" / name
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"fake kernel {name}", "language": "python"}))

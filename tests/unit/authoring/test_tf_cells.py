@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import json
 import os
 import re
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from lean_env import fake_kernelspec
 
 ROOT = Path(__file__).resolve().parents[3]
 NOTEBOOKS = sorted((ROOT / "solutions").glob("[0-9]*.ipynb")) + sorted(
@@ -175,11 +175,7 @@ def test_tensorflow_available_asks_the_interpreter_it_is_given(tmp_path):
 
 def test_kernel_python_is_the_interpreter_jupyter_starts(tmp_path, monkeypatch):
     python = _kernel_python(tmp_path, "with-tf", hide=False)
-    spec = tmp_path / "jupyter" / "kernels" / "fake-tf"
-    spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "fake", "language": "python"}))
+    fake_kernelspec(tmp_path / "jupyter", "fake-tf", python)
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     assert tf_cells.kernel_python("fake-tf") == str(python)
     # the default kernel's argv[0] is "python": jupyter_client starts sys.executable then

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from lean_env import hiding_sitecustomize
+from lean_env import fake_kernelspec, hiding_sitecustomize
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -405,11 +405,7 @@ def test_run_notebook_skips_tensorflow_cells_by_the_kernels_interpreter(
     python = folder / "python"
     python.write_text(f'#!/bin/sh\nexport PYTHONPATH="{path}"\nexec "{sys.executable}" "$@"\n')
     python.chmod(0o755)
-    spec = tmp_path / "jupyter" / "kernels" / "fake-tf"
-    spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "fake TensorFlow kernel", "language": "python"}))
+    fake_kernelspec(tmp_path / "jupyter", "fake-tf", python)
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
     nb_path = _notebook(tmp_path / "tf.ipynb", "x = 1")
