@@ -407,13 +407,13 @@ def _process_gpu(cuda_index: int | None):
     None when it cannot be known."""
     from .core import nvml
 
-    count = nvml.gpu_count()
-    torch = sys.modules.get("torch")
     if not nvml.cuda_started():
+        count = nvml.gpu_count()
         if count == 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
             return 0, "GPU-Util of GPU 0 from NVML (the only GPU)"
         return _THIS_GPU, (f"no GPU-Util: this process has not started CUDA, so which of the "
                            f"{count} GPUs NVML sees is its own is unknown")
+    torch = sys.modules["torch"]  # CUDA has started: torch is imported
     try:
         index = int(torch.cuda.current_device() if cuda_index is None else cuda_index)
         uuid = nvml.plain_uuid(getattr(torch.cuda.get_device_properties(index), "uuid", ""))
