@@ -1,6 +1,6 @@
 """Every lesson's core fits its stated minutes (helpers.authoring.pacing; `make minutes`).
 
-The core estimate (words / 150 + code lines x 10 s + the run time `make outputs` recorded +
+The core estimate (words / 120 + code lines x 15 s + the run time `make outputs` recorded +
 exercise minutes; the `## Going further` part left out) must be within 25 % of the
 `**Time:** X min teaching + Y min exercises` line, the core's exercise minutes within 25 % of
 Y, and every exercise must state its minutes. Every solutions/NN*.ipynb is covered, so a new
@@ -63,7 +63,7 @@ def synthetic(tmp_path, *, words=300, code_lines=30, run_seconds=60.0, minutes=(
 
 
 def test_synthetic_lesson_that_fits(tmp_path):
-    # 300 words / 150 = 2 min, 30 lines x 10 s = 5 min, 60 s run = 1 min, exercises 10 min
+    # 306 words / 120 = 2.6 min, 30 lines x 15 s = 7.5 min, 60 s run = 1 min, exercises 10 min
     t = pacing.estimate(synthetic(tmp_path, words=306, further_words=900))
     assert t.core.words == 306
     assert t.core.code_lines == 30
@@ -125,14 +125,36 @@ def test_an_in_keras_section_is_estimated_on_its_own_and_counted_as_optional(tmp
     plain = pacing.estimate(synthetic(tmp_path, further_words=300))
     t = pacing.estimate(with_keras(tmp_path))
     assert plain.keras is None
-    # 150 words / 150 = 1 min, 12 lines x 10 s = 2 min, 30 s = 0.5 min
-    assert t.keras.words == 150 and t.keras.code_lines == 12 and t.keras.minutes == 3.5
+    # 150 words / 120 = 1.25 min, 12 lines x 15 s = 3 min, 30 s = 0.5 min
+    assert t.keras.words == 150 and t.keras.code_lines == 12 and t.keras.minutes == 4.75
     assert t.core == plain.core                                   # the core is unchanged
-    assert t.optional.minutes == pytest.approx(plain.optional.minutes + 3.5)
+    assert t.optional.minutes == pytest.approx(plain.optional.minutes + 4.75)
     report, ok = pacing.minutes_report([with_keras(tmp_path)])
-    assert ok and "keras" in report.splitlines()[0] and "  3.5  OK" in report
+    assert ok and "keras" in report.splitlines()[0] and "  4.8  OK" in report
 
 
 def test_an_in_keras_section_in_the_core_is_refused(tmp_path):
     with pytest.raises(ValueError, match="'## In Keras' must appear once, inside the"):
         pacing.estimate(with_keras(tmp_path, at_end=False))
+
+
+def test_a_core_over_45_minutes_fails_even_when_stated(tmp_path):
+    # 4,800 words / 120 = 40 min + 7.5 + 1 + 10: 58.5 min, stated 55: within 25 %, too long
+    t = pacing.estimate(synthetic(tmp_path, words=4800,
+                                  time_line="**Time:** 45 min teaching + 10 min exercises"))
+    assert t.verdict == "OK"
+    (problem,) = t.problems()
+    assert "at most 45 min" in problem and "split the lesson" in problem
+
+
+def test_an_exercise_must_allow_the_typing_of_its_solution(tmp_path):
+    # a 16-line solution needs at least 8 min at 30 s a line; it states 5
+    path = synthetic(tmp_path)
+    nb = nbformat.read(str(path), 4)
+    cell = next(c for c in nb.cells if "exercise" in c.metadata)
+    cell.source = "# Task: set y.\n" + "\n".join(f"y{i} = {i}" for i in range(16))
+    nbformat.write(nb, str(path))
+    t = pacing.estimate(path)
+    assert t.core.typed_lines == 17
+    assert t.problems() == ["42_synthetic: exercise 42-task-a states 5 min, but typing its "
+                            "solution takes at least 8.0 min (30 s a line)"]

@@ -141,6 +141,15 @@ def split_task(source: str) -> tuple[str, str]:
     return "\n".join(lines[:n]), "\n".join(lines[n:]).strip("\n")
 
 
+def split_cell_magic(source: str) -> tuple[str, str]:
+    """A cell's leading ``%%magic ...`` line (``%%writefile train.py``: an exercise whose
+    answer is a script) and the rest; ``""`` and the source without one."""
+    first, _, rest = source.partition("\n")
+    if first.startswith("%%"):
+        return first.rstrip(), rest
+    return "", source
+
+
 def exercises_in(path: Path, nb=None) -> list[Exercise]:
     """Every exercise of one solutions notebook, validated.  Raises BuildError."""
     nb = nb if nb is not None else read(path)
@@ -172,9 +181,13 @@ def exercises_in(path: Path, nb=None) -> list[Exercise]:
             compile(stub, f"<stub {ex_id}>", "exec")
         except SyntaxError as exc:
             raise BuildError(f"{where}: the stub of {ex_id} is not valid Python: {exc}") from exc
-        task, code = split_task(cell.source)
+        magic, body = split_cell_magic(cell.source)
+        task, code = split_task(body)
         if not task:
-            raise BuildError(f"{where}: start the solution cell with the task as # comments")
+            raise BuildError(f"{where}: start the solution cell with the task as # comments"
+                             " (after its %%cell magic, if it has one)")
+        if magic:  # e.g. %%writefile ddp_train.py: the learner's copy keeps it on top
+            task = f"{magic}\n{task}"
         minutes = meta.get("minutes")
         if minutes is not None and (
             isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= 120

@@ -8,10 +8,18 @@ whose first line is exactly ``## Going further`` and ends before the cell holdin
 optional part and is also estimated on its own (``make minutes``' *keras* column, the README
 and the instructor notes). The estimate of a part:
 
-    minutes = words of its markdown / 150
-            + code lines a learner reads x 10 s / 60
+    minutes = words of its markdown / 120
+            + code lines a learner reads x 15 s / 60
             + sum of its cells' run_seconds / 60     (recorded by ``make outputs``)
             + minutes of its exercises                (solution-cell metadata)
+
+The rates are a class's, not a reader's: calibrated against an HPC instructor's realistic
+minutes for lessons 00-05b (turn3-teaching-a-review: 20-25, 50-60, 40-50, 60-70, 35-40,
+55-65, 35-45), which a reading model of 150 words/min + 10 s a line put 30-50 % too low. A
+class reads, discusses, runs each cell and looks at its output. The hands-on cores add
+typing: each exercise must state at least ``SECONDS_PER_TYPED_LINE`` for every line of its
+solution a learner types (``%%writefile`` scripts and terminal commands included), and a
+core may take at most ``MAX_CORE_MINUTES`` (split a lesson that needs more).
 
 Code lines are the non-blank lines of the code cells as the learner copy shows them: an
 exercise counts its task and stub (not the solution), a check cell one line (its
@@ -28,8 +36,10 @@ from pathlib import Path
 
 from .build import exercises_in
 
-WORDS_PER_MINUTE = 150
-SECONDS_PER_CODE_LINE = 10
+WORDS_PER_MINUTE = 120
+SECONDS_PER_CODE_LINE = 15
+SECONDS_PER_TYPED_LINE = 30  # the least an exercise takes per line of its solution
+MAX_CORE_MINUTES = 45  # by the estimate and by the Time line
 TOLERANCE = 0.25  # |estimate - stated| may be at most this share of the stated minutes
 GOING_FURTHER = "## Going further"
 IN_KERAS = "## In Keras"
@@ -68,6 +78,8 @@ class Part:
     missing_minutes: tuple[str, ...] = ()  # exercise ids without "minutes" (counted 0)
     code_cells: int = 0
     unmeasured_cells: int = 0  # code cells without run_seconds (counted 0 s)
+    typed_lines: int = 0  # lines of the exercises' solutions a learner types
+    rushed: tuple[tuple[str, int, float], ...] = ()  # (id, stated, least minutes) below typing
 
     @property
     def reading_minutes(self) -> float:
@@ -98,7 +110,8 @@ class Part:
                 f"({self.reading_minutes:.1f}) + {self.code_lines} code lines x "
                 f"{SECONDS_PER_CODE_LINE} s ({self.code_minutes:.1f}) + run "
                 f"{self.run_seconds:.1f} s ({self.run_minutes:.1f}) + exercises "
-                f"{self.exercise_minutes} ({len(self.exercises)})")
+                f"{self.exercise_minutes} ({len(self.exercises)}, {self.typed_lines} lines "
+                "to type)")
 
 
 @dataclass(frozen=True)
@@ -141,6 +154,16 @@ class LessonTime:
                 f"{self.name}: the core's exercises add up to {self.core.exercise_minutes} min "
                 f"({', '.join(self.core.exercises) or 'none'}), the Time line states "
                 f"{self.stated_exercises} min exercises ({self.exercise_verdict})")
+        longest = max(self.core.minutes, self.stated)
+        if longest > MAX_CORE_MINUTES:
+            found.append(
+                f"{self.name}: the core takes {longest:.0f} min (estimate "
+                f"{self.core.minutes:.1f}, stated {self.stated}); at most {MAX_CORE_MINUTES} "
+                "min: move material to Going further or split the lesson")
+        for ex_id, stated, least in self.core.rushed + self.optional.rushed:
+            found.append(
+                f"{self.name}: exercise {ex_id} states {stated} min, but typing its solution "
+                f"takes at least {least:.1f} min ({SECONDS_PER_TYPED_LINE} s a line)")
         missing = self.core.missing_minutes + self.optional.missing_minutes
         if missing:
             found.append(f"{self.name}: exercises without \"minutes\" in their metadata: "
@@ -243,9 +266,9 @@ def _run_seconds(cell, where: str) -> float | None:
 def _part(cells, indices, exercises, name: str) -> Part:
     by_solution = {ex.cell_index: ex for ex in exercises}
     checks = {ex.check_index for ex in exercises}
-    words = lines = code_cells = unmeasured = exercise_minutes = 0
+    words = lines = code_cells = unmeasured = exercise_minutes = typed = 0
     seconds = 0.0
-    ids, missing = [], []
+    ids, missing, rushed = [], [], []
     for i in indices:
         cell = cells[i]
         kind = cell.get("cell_type")
@@ -264,16 +287,21 @@ def _part(cells, indices, exercises, name: str) -> Part:
             ex = by_solution[i]
             lines += count_code_lines(ex.task) + count_code_lines(ex.stub)
             ids.append(ex.id)
+            to_type = count_code_lines(ex.solution)
+            typed += to_type
+            least = to_type * SECONDS_PER_TYPED_LINE / 60
             if ex.minutes is None:
                 missing.append(ex.id)
             else:
                 exercise_minutes += ex.minutes
+                if ex.minutes < least:
+                    rushed.append((ex.id, ex.minutes, least))
         elif i in checks:
             lines += 1  # the "# Check: ..." line; the body is collapsed in the learner copy
         else:
             lines += count_code_lines(_source(cell))
     return Part(words, lines, round(seconds, 1), exercise_minutes, tuple(ids), tuple(missing),
-                code_cells, unmeasured)
+                code_cells, unmeasured, typed, tuple(rushed))
 
 
 def estimate(path: Path, nb=None) -> LessonTime:
@@ -341,6 +369,10 @@ def minutes_report(paths) -> tuple[str, bool]:
         missing = c.missing_minutes + t.optional.missing_minutes
         if missing:
             status += f"; {len(missing)} exercise(s) without minutes"
+        if max(c.minutes, t.stated) > MAX_CORE_MINUTES:
+            status += f"; over {MAX_CORE_MINUTES} min"
+        if c.rushed or t.optional.rushed:
+            status += f"; {len(c.rushed) + len(t.optional.rushed)} exercise(s) below typing time"
         optional = f"{t.optional.minutes:.1f}" if not t.optional.empty else "-"
         keras = f"{t.keras.minutes:.1f}" if t.keras is not None else "-"
         stated = f"{t.stated_teaching}+{t.stated_exercises}={t.stated}"
@@ -357,7 +389,9 @@ def minutes_report(paths) -> tuple[str, bool]:
     rows.append(f"{'total':28s} {totals[0]:12d} {totals[1]:6.1f} {'':5s} {'':5s} {'':5s} "
                 f"{'':5s} {totals[2]:8.1f} {totals[3]:5.1f}")
     rows.append(f"minutes = words/{WORDS_PER_MINUTE} + code lines x {SECONDS_PER_CODE_LINE} s "
-                f"+ recorded run time + exercise minutes; OK within {TOLERANCE:.0%} of stated")
+                f"+ recorded run time + exercise minutes; OK within {TOLERANCE:.0%} of stated, "
+                f"a core at most {MAX_CORE_MINUTES} min, an exercise at least "
+                f"{SECONDS_PER_TYPED_LINE} s a line of its solution")
     return "\n".join(rows + notes), ok
 
 
