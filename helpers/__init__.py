@@ -49,6 +49,7 @@ _EXPORTS = {
     "ddp_plan": "launch",
     "free_port": "launch",
     "run_captured": "launch",
+    "run_command": "launch",
     "script_path": "launch",
     "tf_config": "launch",
     "torchrun_command": "launch",
