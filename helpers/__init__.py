@@ -21,7 +21,6 @@ _EXPORTS = {
     "DeviceReport": "core.device",
     "check": "core.exercises",
     "NotSolved": "core.exercises",
-    "progress": "core.progress",
     "Table": "core.fmt",
     "fmt_bytes": "core.fmt",
     "fmt_mib": "core.fmt",
