@@ -21,7 +21,6 @@ _EXPORTS = {
     "DeviceReport": "core.device",
     "check": "core.exercises",
     "NotSolved": "core.exercises",
-    "progress": "core.progress",
     "Table": "core.fmt",
     "fmt_bytes": "core.fmt",
     "fmt_mib": "core.fmt",
@@ -49,6 +48,7 @@ _EXPORTS = {
     "ddp_plan": "launch",
     "free_port": "launch",
     "run_captured": "launch",
+    "run_command": "launch",
     "script_path": "launch",
     "tf_config": "launch",
     "torchrun_command": "launch",
@@ -85,7 +85,9 @@ _EXPORTS = {
     "VirtualGPU": "memory.virtual",
     "first_matmul_memory": "memory.workspaces",  # lesson 04: the cuBLAS workspace, measured
     "SimulatedCuda": "memory.cuda_standin",  # CPU rehearsals of CUDA code (tests/rehearsal)
+    "virtual_cuda": "memory.notebook_cuda",  # plain CUDA code in notebook cells, on a virtual card
     "FakeNvml": "core.fake_nvml",
+    "FakeGpu": "core.fake_nvml",  # lesson 04: a node whose NVML order is not cuda:N
     "current_virtual_gpu": "memory.state",
     "full_scale": "memory.virtual",
     "measure_step": "memory.measure",

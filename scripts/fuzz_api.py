@@ -70,7 +70,7 @@ OWNERS = {
     "memory": ("memory.", "oom", "amp", "keras", "keras_amp", "policies", "tf."),
     "finder": ("batch_size",),
     "watch": ("gauge", "liveplot", "throughput"),
-    "core": ("fmt", "checks", "environment", "device", "nvml", "exercises", "progress", "data",
+    "core": ("fmt", "checks", "environment", "device", "nvml", "exercises", "data",
              "timing", "recorded", "launch", "checkpoint", "models", "runtime", "fake_nvml",
              "core."),
 }
@@ -91,7 +91,7 @@ CASES = {
     9: "device strings are checked (StepTimer/compare_times sync, check_training device)",
     10: "find_batch_size(optimizer=<not a torch optimizer>) gives a clear error",
     11: "overflow on huge numbers, poll=1e300, no psutil, zero-peak compare_memory, "
-        "import helpers.progress, parse_capacity(-10**5000), measure_step(steps=10**400)",
+        "parse_capacity(-10**5000), measure_step(steps=10**400)",
 }
 
 
@@ -510,10 +510,9 @@ class Fuzzer:
                      f"{step.__doc__.strip().splitlines()[0]}")
             self.guarded(step)
         if cases:
-            # case 7 last: on failure it breaks full_scale for good; the progress part of
-            # case 11 too: it may replace helpers.progress
+            # case 7 last: on failure it breaks full_scale for good
             for n, method in [*((n, f"case_{n}") for n in range(1, 12) if n != 7),
-                              (7, "case_7"), (11, "case_11_progress")]:
+                              (7, "case_7")]:
                 self.log(f"[{time.perf_counter() - started:4.0f} s] case {n}: {CASES[n]}")
                 with self.case(n):
                     self.guarded(getattr(self, method))
@@ -568,7 +567,7 @@ class Fuzzer:
                   lambda: self.show(h.Table(["a"], ["x"])), valid=False, names=("row", "rows"))
 
     def t_foundation(self):
-        """foundation (setup, pick_device, check, reveal, progress, recorded results)"""
+        """foundation (setup, pick_device, check, reveal, recorded results)"""
         h, st = self.h, self.st
         self.fuzz("setup", "seed", lambda v: h.setup(v, tensorflow=False),
                   k_int(st, 0, 1000, hi=2**32 - 1), target="setup", cost=2)
@@ -583,11 +582,6 @@ class Fuzzer:
         self.once("device_report", "device_report", "helpers.device_report(tensorflow=False)",
                   lambda: self.show(h.device_report(tensorflow=False)))
         self.once("headless", "headless", "helpers.headless()", lambda: h.headless())
-        self.fuzz("progress", "iterable", lambda v: list(h.progress(v)),
-                  k_any(st, [range(3), [1, 2], "ab", ()],
-                        valid=lambda v: True if isinstance(v, (range, list, tuple)) and not
-                        _self_refs(v) else None),
-                  target="progress", cost=2)
         ids = ["01-abc", "08-fix", "03-resume"]
         self.fuzz("check", "exercise_id", lambda v: self.show(h.check(v, lambda: None)),
                   k_str(st, ids), target="check", extra=["01-abc\n"])
@@ -1882,21 +1876,6 @@ class Fuzzer:
                                  "owner": self.owner(name), "input": label, "kind": kind,
                                  "detail": detail[:300], "seconds": 0.0, "case": 11})
 
-    def case_11_progress(self):
-        h = self.h
-        if not self.wanted("progress"):
-            return
-        import importlib
-
-        def progress():
-            with contextlib.suppress(ImportError):
-                importlib.import_module("helpers.progress")
-            return list(sys.modules["helpers"].progress(range(3)))
-
-        self.call("progress", "progress", "import helpers.progress; helpers.progress(range(3))",
-                  progress, names=())
-        del h
-
 
 _NO_PSUTIL = r"""
 import json, sys, time
@@ -1955,10 +1934,6 @@ def _in(value, few) -> bool:
         if type(value) is type(f) and (value == f or (value != value and f != f)):
             return True
     return type(value) is object and any(type(f) is object for f in few)
-
-
-def _self_refs(v) -> bool:
-    return isinstance(v, list) and any(x is v for x in v)
 
 
 def _capacity_valid(v):

@@ -69,7 +69,7 @@ CELL_TIMEOUT_S = 600
 # part's CPU total stays under ~150 s, leaving room for CUDA and TensorFlow start-up.
 NOTEBOOK_PARTS = {
     "notebooks-a": ["00_setup", "01_pytorch_gpu", "02_tensorflow_gpu"],
-    "notebooks-b": ["03_multi_gpu", "04_monitoring"],
+    "notebooks-b": ["03_multi_gpu", "03b_clusters_and_scale", "04_monitoring"],
     "notebooks-c": ["05_batch_size", "06_gradient_checkpointing"],
     "notebooks-d": ["07_mixed_precision"],
     "notebooks-e": ["08_oom_challenge"],

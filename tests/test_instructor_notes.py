@@ -28,6 +28,7 @@ from helpers.authoring import build, pacing
 ROOT = Path(__file__).resolve().parents[1]
 NOTES = ROOT / "docs" / "instructor-notes.md"
 HALF_DAY_MAX = 4 * 60  # minutes: a half day is at most four hours
+DAY_MAX = 8 * 60 + 30  # a day of teaching, breaks and lunch included, is at most 8.5 hours
 
 LESSON_HEADING = re.compile(r"^### (\d\d[a-z]?_\w+)[ \t]*$", re.M)
 NEXT_HEADING = re.compile(r"^#{2,3} ", re.M)
@@ -36,8 +37,8 @@ TIMING_ROW = re.compile(
 TOTAL = re.compile(r"^\*\*Total:\*\* (\d+) min .*: (\d+) min teaching \+ (\d+) min exercises\.$",
                    re.M)
 PATH_LINE = r"^\*\*{}:\*\* (.+?) \((\d+) min\)\.$"
-SCHEDULE = re.compile(r"^### (Half|Full|Keras) day: (\d\d:\d\d)[–-](\d\d:\d\d) \((\d+) min\)$",
-                      re.M)
+SCHEDULE = re.compile(
+    r"^### (Half|Full|Second|Keras) day: (\d\d:\d\d)[–-](\d\d:\d\d) \((\d+) min\)$", re.M)
 SLOT = re.compile(r"^\| (\d\d:\d\d)[–-](\d\d:\d\d) \| (.+?) \| (\d+) \|$")
 STEM = re.compile(build.LESSON_STEM)
 
@@ -141,14 +142,16 @@ def schedules(notes):
 
 def test_schedules_add_up(notes, readme):
     found = schedules(notes)
-    assert set(found) == {"Half", "Full", "Keras"}, \
-        "a half-day, a full-day and a Keras full-day schedule"
-    core, keras = (STEM.findall(re.search(PATH_LINE.format(label), notes, re.M | re.S).group(1))
-                   for label in ("Core path", "Keras track"))
+    assert set(found) == {"Half", "Full", "Second", "Keras"}, \
+        "a half-day, a full-day (the core path), a second-day and a Keras-day schedule"
+    core, optional, keras, half = (
+        STEM.findall(re.search(PATH_LINE.format(label), notes, re.M | re.S).group(1))
+        for label in ("Core path", "Optional", "Keras track", "Half-day path"))
     taught = {}
     for kind, (start, end, stated, slots) in found.items():
         assert slots, f"{kind} day: no time slots"
         assert end - start == stated, f"{kind} day: heading minutes"
+        assert stated <= (HALF_DAY_MAX if kind == "Half" else DAY_MAX), f"{kind} day: too long"
         assert slots[0][0] == start and slots[-1][1] == end, f"{kind} day: first/last slot"
         for (s0, e0, item, mins), (s1, *_) in zip(slots, slots[1:] + [(end,)], strict=True):
             assert e0 - s0 == mins, f"{kind} day, {item}: the slot is not {mins} min"
@@ -158,20 +161,19 @@ def test_schedules_add_up(notes, readme):
             assert item in readme, f"{kind} day: {item} is not a lesson"
             assert mins == sum(readme[item]), f"{kind} day: {item} needs {sum(readme[item])} min"
         taught[kind] = [item for item, _ in lessons]
-    assert taught["Full"] == sorted(set(readme) - set(keras)), \
-        "the full day teaches every lesson but the Keras track, in order"
-    assert taught["Half"] == core, "the half day teaches the core path, in order"
-    # the Keras day: the core path with each Keras-track lesson right after its lesson
+    assert taught["Full"] == core, "the full day teaches the core path, in order"
+    assert taught["Second"] == optional, "the second day teaches the optional lessons, in order"
+    assert taught["Half"] == half, "the half day teaches the half-day path, in order"
+    assert half == [s for s in core if s in half], "the half-day path is part of the core path"
+    # the Keras day: the half-day path, lesson 02 and the Keras track, each Keras-track lesson
+    # right after its lesson
     assert taught["Keras"] == sorted(taught["Keras"]), "the Keras day's lessons in order"
-    assert set(core) | set(keras) <= set(taught["Keras"]), \
-        "the Keras day teaches the core path and the Keras track"
+    assert set(half) | set(keras) <= set(taught["Keras"]), \
+        "the Keras day teaches the half-day path and the Keras track"
     for stem in keras:
         i = taught["Keras"].index(stem)
         assert i > 0 and taught["Keras"][i - 1].startswith(stem[:2] + "_"), \
             f"Keras day: {stem} comes right after lesson {stem[:2]}"
-    half_start, half_end = found["Half"][:2]
-    assert sum(sum(readme[s]) for s in core) <= half_end - half_start <= HALF_DAY_MAX, \
-        f"the half day must fit in {HALF_DAY_MAX} min, core lessons and breaks included"
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)

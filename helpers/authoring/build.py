@@ -110,6 +110,7 @@ class Exercise:
     stub: str
     minutes: int | None = None  # what a learner needs for it; None: not stated yet
     check_index: int = -1  # the check cell right after the solution cell
+    magic: str = ""  # a leading cell magic (``%%writefile train.py``), also on top of ``task``
 
 
 def _nbformat():
@@ -204,7 +205,8 @@ def exercises_in(path: Path, nb=None) -> list[Exercise]:
                 f"{where}: the next code cell must be the check cell, calling "
                 f"check({ex_id!r}, ...)"
             )
-        found.append(Exercise(ex_id, path.name, i, task, code, stub, minutes, check_index))
+        found.append(Exercise(ex_id, path.name, i, task, code, stub, minutes, check_index,
+                              magic))
     return found
 
 

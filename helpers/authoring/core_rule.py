@@ -16,7 +16,7 @@ Helpers that do the learner's job (``find_batch_size``, ``measure_step``, ``torc
 ``save_checkpoint``...) are not listed: a lesson shows them in Going further, beside the plain
 code, as the kit's shortcut. Only the solution cells of the core exercises (before
 ``## Going further``) are read; Going further and the cells around an exercise may use any
-helper. Lessons named in :data:`PENDING` are not held to the rule yet (issue 31 moves them).
+helper. Lessons named in ``pacing.PENDING`` are not held to the rule yet (issue 31 moves them).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .build import exercises_in, read
-from .pacing import sections
+from .pacing import PENDING, sections
 
 #: helpers names a core exercise's solution may use, and why (see the module's docstring)
 ALLOWED: dict[str, str] = {
@@ -62,9 +62,6 @@ ALLOWED: dict[str, str] = {
     "MiB": "display: a unit", "GiB": "display: a unit",
     "KNOWN_GPUS": "data: card names and memory sizes",
 }
-
-#: lessons not yet held to the rule (their core exercises move in issue 31)
-PENDING = frozenset({"06", "07", "08", "08b", "09", "10"})
 
 
 @dataclass(frozen=True)

@@ -105,9 +105,12 @@ def reveal(exercise_id: str, *, insert: bool = True):
 
         shell = get_ipython()
         if shell is not None:
-            shell.set_next_input(f"# Solution of {ex.id}\n{ex.solution}", replace=False)
+            # a cell magic (%%writefile script.sh) must stay the cell's first line
+            head = f"{ex.magic}\n" if ex.magic else ""
+            shell.set_next_input(f"{head}# Solution of {ex.id}\n{ex.solution}", replace=False)
             inserted = True
-    return Revealed(ex.id, ex.notebook, ex.solution, inserted)
+    code = f"{ex.magic}\n{ex.solution}" if ex.magic else ex.solution
+    return Revealed(ex.id, ex.notebook, code, inserted)
 
 
 @dataclass(frozen=True)

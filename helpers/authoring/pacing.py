@@ -40,6 +40,9 @@ WORDS_PER_MINUTE = 120
 SECONDS_PER_CODE_LINE = 15
 SECONDS_PER_TYPED_LINE = 30  # the least an exercise takes per line of its solution
 MAX_CORE_MINUTES = 45  # by the estimate and by the Time line
+#: lessons whose cores issue 31 reworks: not yet held to MAX_CORE_MINUTES nor to the core rule
+#: (helpers/authoring/core_rule.py); their Time lines already follow the rates above
+PENDING = frozenset({"06", "07", "08", "08b", "09", "10"})
 TOLERANCE = 0.25  # |estimate - stated| may be at most this share of the stated minutes
 GOING_FURTHER = "## Going further"
 IN_KERAS = "## In Keras"
@@ -155,7 +158,7 @@ class LessonTime:
                 f"({', '.join(self.core.exercises) or 'none'}), the Time line states "
                 f"{self.stated_exercises} min exercises ({self.exercise_verdict})")
         longest = max(self.core.minutes, self.stated)
-        if longest > MAX_CORE_MINUTES:
+        if longest > MAX_CORE_MINUTES and self.name.split("_")[0] not in PENDING:
             found.append(
                 f"{self.name}: the core takes {longest:.0f} min (estimate "
                 f"{self.core.minutes:.1f}, stated {self.stated}); at most {MAX_CORE_MINUTES} "
@@ -369,7 +372,8 @@ def minutes_report(paths) -> tuple[str, bool]:
         missing = c.missing_minutes + t.optional.missing_minutes
         if missing:
             status += f"; {len(missing)} exercise(s) without minutes"
-        if max(c.minutes, t.stated) > MAX_CORE_MINUTES:
+        if max(c.minutes, t.stated) > MAX_CORE_MINUTES and \
+                t.name.split("_")[0] not in PENDING:
             status += f"; over {MAX_CORE_MINUTES} min"
         if c.rushed or t.optional.rushed:
             status += f"; {len(c.rushed) + len(t.optional.rushed)} exercise(s) below typing time"

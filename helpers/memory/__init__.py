@@ -17,6 +17,7 @@ Modules:
 * :mod:`.virtual`   -- ``VirtualGPU`` and ``full_scale`` (fake tensors);
 * :mod:`.measure`   -- ``measure_step``;  :mod:`.report` -- ``MemoryReport`` and its timeline;
 * :mod:`.cuda_standin` -- ``SimulatedCuda``, a ``torch.cuda`` stand-in for rehearsals.
+* :mod:`.notebook_cuda` -- ``virtual_cuda``: plain CUDA code in notebook cells on a virtual card.
 
 ``measure_keras_step`` (TensorFlow/Keras) lives in :mod:`helpers.tf.keras`.
 """

@@ -167,6 +167,7 @@ class SimulatedCuda:
         "get_device_properties", "get_device_capability", "is_initialized", "init",
         "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
         "reset_peak_memory_stats", "mem_get_info", "empty_cache", "synchronize",
+        "memory_stats", "memory_summary",
         "set_per_process_memory_fraction", "get_per_process_memory_fraction", "Event",
         "is_bf16_supported", "get_rng_state", "get_rng_state_all", "set_rng_state",
         "set_rng_state_all", "manual_seed", "manual_seed_all", "get_arch_list",
@@ -402,6 +403,41 @@ class SimulatedCuda:
             self.gpu.reset_peak()
         else:
             d.peak_allocated_bytes, d.peak_reserved_bytes = d.allocated_bytes, d.reserved_bytes
+
+    def memory_stats(self, device=None) -> dict:
+        """The allocator's counters that the simulation knows, under PyTorch's key names
+        (``allocated_bytes.all.current``, ``...peak``, ``reserved_bytes.all.*``,
+        ``num_ooms``); the other keys of a real card's dict are absent."""
+        index, d = self._device(device, "memory_stats")
+        if self._backed(index):
+            g = self.gpu
+            values = (g.allocated_bytes, g.peak_allocated_bytes, g.reserved_bytes,
+                      g.peak_reserved_bytes, g.n_oom)
+        else:
+            values = (d.allocated_bytes, d.peak_allocated_bytes, d.reserved_bytes,
+                      d.peak_reserved_bytes, 0)
+        keys = ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+                "reserved_bytes.all.current", "reserved_bytes.all.peak", "num_ooms")
+        return dict(zip(keys, values, strict=True))
+
+    def memory_summary(self, device=None, abbreviated: bool = False) -> str:
+        """A short table in the layout of ``torch.cuda.memory_summary()``: allocated and
+        reserved memory, current and peak (a real card's table has more rows)."""
+        index, _ = self._device(device, "memory_summary")
+        stats = self.memory_stats(index)
+
+        def mib(n):
+            return f"{n / 2**20:,.0f} MiB"
+
+        rule = "|" + "=" * 60 + "|"
+        rows = [rule, f"|{'PyTorch CUDA memory summary (simulated), device ' + str(index):^60}|",
+                rule, f"| {'Metric':<26}| {'Cur Usage':>14} | {'Peak Usage':>14} |", rule]
+        for label, key in (("Allocated memory", "allocated_bytes"),
+                           ("GPU reserved memory", "reserved_bytes")):
+            rows.append(f"| {label:<26}| {mib(stats[key + '.all.current']):>14} | "
+                        f"{mib(stats[key + '.all.peak']):>14} |")
+        rows += [rule, f"| {'Out-of-memory errors: ' + str(stats['num_ooms']):<59}|", rule]
+        return "\n".join(rows)
 
     def mem_get_info(self, device=None) -> tuple[int, int]:
         self._initialise()

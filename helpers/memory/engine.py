@@ -324,14 +324,15 @@ class Engine(TorchDispatchMode):
         st = _storage(t)
         return None if st is None else self.live.get(id(st))
 
-    def adopt(self, objs, label: str = "inputs") -> int:
+    def adopt(self, objs, label: str = "inputs", op: str = "track") -> int:
         """Count the storages of tensors (or modules, optimizers, nested containers) now.
 
         Storages already counted are relabelled (a label only ever gets stronger). Returns the
-        bytes newly counted.
+        bytes newly counted. ``op`` names the call in an out-of-memory message (default: tensors
+        made outside handed to the engine).
         """
         added = 0
-        self.current_op = "track"
+        self.current_op = op
         for t in tensors_in(objs):
             if t.device.type != self.device_type:
                 continue

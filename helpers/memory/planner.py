@@ -373,7 +373,7 @@ class _Run:
             with self.gpu.paused():
                 out = t.to(dtype=dtype or t.dtype, copy=True)
         label = "parameters" if isinstance(t, nn.Parameter) else "inputs"
-        self.engine.adopt([out], label)
+        self.engine.adopt([out], label, op="a tensor's move to the GPU (.to/.cuda)")
         return out
 
     def make_on_device(self, func, args, kwargs):
@@ -384,7 +384,8 @@ class _Run:
         else:
             with self.gpu.paused():
                 out = func(*args, **kwargs)
-        self.engine.adopt([out], "inputs")
+        self.engine.adopt([out], "inputs",
+                          op=f"torch.{getattr(func, '__name__', 'tensor')}(device='cuda')")
         return out
 
     def read(self, func, what: str, args, kwargs):

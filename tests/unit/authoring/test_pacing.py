@@ -73,7 +73,7 @@ def test_core_counts_words_code_run_seconds_and_exercises(tmp_path):
     assert (core.words, core.code_lines, core.run_seconds) == (14, 6, 14.0)
     assert core.exercises == ("01-demo",) and core.exercise_minutes == 5
     assert core.code_cells == 3 and core.unmeasured_cells == 1
-    assert core.minutes == pytest.approx(14 / 150 + 6 * 10 / 60 + 14 / 60 + 5)
+    assert core.minutes == pytest.approx(14 / 120 + 6 * 15 / 60 + 14 / 60 + 5)
     assert t.optional.empty and t.optional.minutes == 0
     assert t.notes == ("run time of 1 of 3 code cells not recorded (counted 0 s): "
                        "run make outputs",)
@@ -162,7 +162,7 @@ def test_verdicts():
 def test_minutes_report_and_cli(tmp_path, monkeypatch, capsys):
     sol = tmp_path / "solutions"
     sol.mkdir()
-    ok = new_code_cell("x = 1\n" * 54)  # 9 min of code, + 1 min run time
+    ok = new_code_cell("x = 1\n" * 34)  # 8.5 min of code, + 1 min run time
     ok.metadata["run_seconds"] = 60.0
     lesson(sol, [new_markdown_cell(f"# D\n{TIME}"), ok, new_markdown_cell("### Challenge: x"),
                  exercise(), check(), new_markdown_cell("## Key points")])

@@ -17,10 +17,14 @@ def test_the_kit_has_exercises():
 def test_every_exercise_reveals_its_solution(ex):
     shown = reveal(ex.id)
     assert isinstance(shown, Revealed)
-    assert shown.code == ex.solution and shown.code.strip()
+    assert shown.code.strip() and shown.code.endswith(ex.solution)
     assert shown.notebook == ex.notebook
     assert not shown.inserted  # not in a live front end here
-    compile(shown.code, ex.id, "exec")
+    if ex.magic:  # a %%writefile exercise: the magic on top, then the file's text
+        assert shown.code == f"{ex.magic}\n{ex.solution}"
+    else:
+        assert shown.code == ex.solution
+        compile(shown.code, ex.id, "exec")
     assert shown.code in repr(shown)
     html = shown._repr_html_()
     assert ex.id in html and "highlight" in html  # pygments markup
@@ -46,6 +50,10 @@ def test_in_jupyter_the_solution_is_inserted_as_a_new_cell(monkeypatch):
     assert shell.calls == [(f"# Solution of {ex.id}\n{ex.solution}", False)]
     reveal(ex.id, insert=False)
     assert len(shell.calls) == 1
+    script = next(e for e in EXERCISES if e.magic)  # its magic stays the first line
+    reveal(script.id)
+    assert shell.calls[-1] == (f"{script.magic}\n# Solution of {script.id}\n{script.solution}",
+                               False)
 
 
 def test_without_solutions_it_says_they_are_not_released(monkeypatch, tmp_path):

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-import helpers
 from helpers.core import timing
 from helpers.core.fmt import (
     ShownAsTable,
@@ -83,17 +82,6 @@ def test_case_11_tables_name_their_bad_parts(args, kwargs, name):
 def test_case_11_numpy_numbers_format_like_python_numbers():
     assert fmt_bytes(np.int64(3 * 2**20)) == fmt_bytes(3 * 2**20) == "3.00 MiB"
     assert fmt_seconds(np.float32(0.5)) == "~500 ms"
-
-
-def test_case_11_import_helpers_progress_leaves_the_function_alone():
-    """Case 11: `import helpers.progress` used to replace the helpers.progress function with
-    the module of the same name. The module now lives in helpers/core/progress.py."""
-    import importlib
-
-    with pytest.raises(ModuleNotFoundError):
-        importlib.import_module("helpers.progress")
-    assert callable(helpers.progress)
-    assert list(helpers.progress(range(3))) == [0, 1, 2]
 
 
 def test_case_9_compare_times_with_cuda_on_a_machine_without_it(monkeypatch):

@@ -370,3 +370,49 @@ def test_nul_characters_and_a_non_path_cwd_are_named():
         run_captured(["a\x00b"])
     with pytest.raises(TypeError, match="cwd must be a folder path"):
         run_captured(["true"], cwd=0)
+
+
+# torchrun's report of gloo's abort at exit (recorded here, pids and times shortened)
+GLOO_ABORT = """epoch 2/2: last loss 0.793
+terminate called without an active exception
+W1206 03:25:11.276000 19292 api.py:1028] Sending process 19331 closing signal SIGTERM
+E1206 03:25:11.340000 19292 api.py:1002] failed (exitcode: -6) local_rank: 0 (pid: 19330)
+Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Failures:
+[1]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -15 (pid: 19331)  (SIGTERM)
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -6 (pid: 19330)  (SIGABRT)
+"""
+
+
+def test_gloo_abort_at_exit_is_forgiven_and_cut_from_the_output():
+    from helpers.launch import RunResult, forgive_gloo_exit_abort
+
+    result = forgive_gloo_exit_abort(RunResult(["torchrun"], 1, GLOO_ABORT, 1.0))
+    assert result.ok and result.output == "epoch 2/2: last loss 0.793\n"
+
+
+@pytest.mark.parametrize("output", [
+    GLOO_ABORT.replace("exitcode  : -15", "exitcode  : 1"),  # a Python error in a worker
+    GLOO_ABORT.replace("terminate called without an active exception\n", ""),
+    "Traceback ...\nValueError: bad\n  exitcode  : 1 (pid: 5)\n",
+])
+def test_other_failures_are_not_forgiven(output):
+    from helpers.launch import RunResult, forgive_gloo_exit_abort
+
+    failed = RunResult(["torchrun"], 1, output, 1.0)
+    assert forgive_gloo_exit_abort(failed) is failed
+
+
+def test_run_command_splits_like_a_shell_and_uses_this_python():
+    from helpers.launch import run_command
+
+    result = run_command("python -c 'import os, sys; print(sys.argv[1:], "
+                         "os.environ[\"OMP_NUM_THREADS\"])' 'a b' c")
+    assert result.ok and result.output == "['a b', 'c'] 1\n"
+    assert run_command("python -c 'raise SystemExit(3)'").returncode == 3
