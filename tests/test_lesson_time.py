@@ -158,3 +158,10 @@ def test_an_exercise_must_allow_the_typing_of_its_solution(tmp_path):
     assert t.core.typed_lines == 17
     assert t.problems() == ["42_synthetic: exercise 42-task-a states 5 min, but typing its "
                             "solution takes at least 8.0 min (30 s a line)"]
+
+
+def test_lines_a_skeleton_stub_already_holds_are_not_typed():
+    solution = "import torch\nmodel = make()\nmodel = DDP(model)\n\nfor x in data:\n    step(x)\n"
+    stub = "import torch\nmodel = make()\n# wrap the model in DDP\nfor x in data:\n    step(x)\n"
+    assert pacing.count_typed_lines(solution, stub) == 1
+    assert pacing.count_typed_lines(solution, "pass") == 5

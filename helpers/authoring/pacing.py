@@ -18,7 +18,8 @@ minutes for lessons 00-05b (turn3-teaching-a-review: 20-25, 50-60, 40-50, 60-70,
 55-65, 35-45), which a reading model of 150 words/min + 10 s a line put 30-50 % too low. A
 class reads, discusses, runs each cell and looks at its output. The hands-on cores add
 typing: each exercise must state at least ``SECONDS_PER_TYPED_LINE`` for every line of its
-solution a learner types (``%%writefile`` scripts and terminal commands included), and a
+solution a learner types (``%%writefile`` scripts and terminal commands included; lines its
+stub already holds are not typed), and a
 core may take at most ``MAX_CORE_MINUTES`` (split a lesson that needs more).
 
 Code lines are the non-blank lines of the code cells as the learner copy shows them: an
@@ -67,6 +68,13 @@ def count_code_lines(source: str) -> int:
     if not isinstance(source, str):
         raise TypeError(f"source must be a str, got {type(source).__name__}")
     return sum(1 for line in source.splitlines() if line.strip())
+
+
+def count_typed_lines(solution: str, stub: str) -> int:
+    """Lines of a solution a learner types: its non-blank lines that the stub does not already
+    hold (a skeleton stub with the data, the model and the loop leaves the new parts)."""
+    given = {line.strip() for line in stub.splitlines() if line.strip()}
+    return sum(1 for line in solution.splitlines() if line.strip() and line.strip() not in given)
 
 
 @dataclass(frozen=True)
@@ -290,7 +298,7 @@ def _part(cells, indices, exercises, name: str) -> Part:
             ex = by_solution[i]
             lines += count_code_lines(ex.task) + count_code_lines(ex.stub)
             ids.append(ex.id)
-            to_type = count_code_lines(ex.solution)
+            to_type = count_typed_lines(ex.solution, ex.stub)
             typed += to_type
             least = to_type * SECONDS_PER_TYPED_LINE / 60
             if ex.minutes is None:
@@ -399,5 +407,5 @@ def minutes_report(paths) -> tuple[str, bool]:
     return "\n".join(rows + notes), ok
 
 
-__all__ = ["Part", "LessonTime", "count_words", "count_code_lines", "sections",
-           "keras_section", "stated_minutes", "estimate", "minutes_report", "verdict"]
+__all__ = ["Part", "LessonTime", "count_words", "count_code_lines", "count_typed_lines",
+           "sections", "keras_section", "stated_minutes", "estimate", "minutes_report", "verdict"]
