@@ -46,7 +46,8 @@ def test_kit_names_finds_attributes_imports_and_submodules():
             "from helpers import MLP, save_checkpoint\n"
             "import helpers.launch as launch\n"
             "!torchrun --nproc-per-node=2 train.py\n"
-            "%time x = 1\n")
+            "%time x = 1\n"
+            "job = !{limits} python _runs/05b/job.py\n")
     assert core_rule.kit_names(code) == [
         ("find_batch_size", 2), ("VirtualGPU", 3), ("memory.planner.will_it_fit", 4),
         ("MLP", 5), ("save_checkpoint", 5), ("launch", 6)]

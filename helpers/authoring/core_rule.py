@@ -22,6 +22,7 @@ helper. Lessons named in ``pacing.PENDING`` are not held to the rule yet (issue 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,9 @@ ALLOWED: dict[str, str] = {
 }
 
 
+_SHELL_ASSIGN = re.compile(r"^\s*[\w, ]+=\s*[!%]")  # IPython's ``out = !command``
+
+
 @dataclass(frozen=True)
 class Use:
     """One use of a kit name in a core exercise's solution."""
@@ -80,10 +84,10 @@ class Use:
 
 
 def _python(code: str) -> str:
-    """The solution's code as Python: IPython's ``!command`` and ``%magic`` lines blanked
-    (kept as empty lines, so line numbers stay)."""
-    return "\n".join("" if line.lstrip().startswith(("!", "%")) else line
-                     for line in code.splitlines())
+    """The solution's code as Python: IPython's ``!command``, ``out = !command`` and ``%magic``
+    lines blanked (kept as empty lines, so line numbers stay)."""
+    return "\n".join("" if line.lstrip().startswith(("!", "%")) or _SHELL_ASSIGN.match(line)
+                     else line for line in code.splitlines())
 
 
 def kit_names(code: str) -> list[tuple[str, int]]:

@@ -409,6 +409,9 @@ class SimulatedCuda:
         (``allocated_bytes.all.current``, ``...peak``, ``reserved_bytes.all.*``,
         ``num_ooms``); the other keys of a real card's dict are absent."""
         index, d = self._device(device, "memory_stats")
+        return self._counters(index, d)
+
+    def _counters(self, index: int, d: SimulatedDevice) -> dict:
         if self._backed(index):
             g = self.gpu
             values = (g.allocated_bytes, g.peak_allocated_bytes, g.reserved_bytes,
@@ -423,8 +426,8 @@ class SimulatedCuda:
     def memory_summary(self, device=None, abbreviated: bool = False) -> str:
         """A short table in the layout of ``torch.cuda.memory_summary()``: allocated and
         reserved memory, current and peak (a real card's table has more rows)."""
-        index, _ = self._device(device, "memory_summary")
-        stats = self.memory_stats(index)
+        index, d = self._device(device, "memory_summary")
+        stats = self._counters(index, d)
 
         def mib(n):
             return f"{n / 2**20:,.0f} MiB"

@@ -322,6 +322,9 @@ def facade_exports() -> set[str]:
     raise AssertionError("helpers/__init__.py defines no _EXPORTS dict")
 
 
+SHELL_ASSIGN = re.compile(r"^\s*[\w, ]+=\s*[!%]")  # IPython's `out = !command` and `t = %time f()`
+
+
 def notebook_code(path: Path):
     """(cell number, source without IPython magics) of each code cell."""
     for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
@@ -330,8 +333,8 @@ def notebook_code(path: Path):
         source = "".join(cell["source"])
         if source.lstrip().startswith("%%"):
             continue  # a cell magic: not Python
-        lines = [("pass  # " + ln) if ln.lstrip().startswith(("%", "!")) else ln
-                 for ln in source.splitlines()]
+        lines = [("pass  # " + ln) if ln.lstrip().startswith(("%", "!")) or SHELL_ASSIGN.match(ln)
+                 else ln for ln in source.splitlines()]
         yield i, "\n".join(lines)
         for stub in [cell["metadata"].get("exercise", {}).get("stub")]:
             if isinstance(stub, str):

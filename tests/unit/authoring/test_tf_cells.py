@@ -192,6 +192,8 @@ MAGIC = re.compile(r"^\s*[%!]")
 
 
 def _tf_imports(source: str) -> list[str]:
+    if source.startswith("%%"):  # a cell magic (%%writefile job.py): the kernel imports nothing
+        return []
     text = "\n".join("" if MAGIC.match(line) else line for line in source.splitlines())
     try:
         tree = ast.parse(text)
@@ -213,6 +215,7 @@ def test_the_import_finder_sees_every_form():
     assert _tf_imports("%time import tensorflow\nimport torch") == []  # magic lines dropped
     assert _tf_imports("def f(:\nimport keras.layers") == ["keras.layers"]
     assert _tf_imports("import torch, numpy\nfrom helpers import keras_tools") == []
+    assert _tf_imports("%%writefile job.py\nimport tensorflow as tf") == []  # a file, not run
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
