@@ -52,6 +52,9 @@ def test_kit_names_finds_attributes_imports_and_submodules():
         ("find_batch_size", 2), ("VirtualGPU", 3), ("memory.planner.will_it_fit", 4),
         ("MLP", 5), ("save_checkpoint", 5), ("launch", 6)]
     assert core_rule.kit_names("#!/bin/bash\nsrun python train.py $@\nif [ -f x ]; then") == []
+    # an IPython line inside a block keeps the block valid Python
+    assert core_rule.kit_names("for n in (1, 2):\n    !echo $n\nhelpers.save_checkpoint(m)") \
+        == [("save_checkpoint", 3)]
     with pytest.raises(TypeError, match="code must be a str"):
         core_rule.kit_names(None)
 

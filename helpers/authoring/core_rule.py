@@ -83,11 +83,15 @@ class Use:
                 "helpers/authoring/core_rule.ALLOWED)")
 
 
-def _python(code: str) -> str:
-    """The solution's code as Python: IPython's ``!command``, ``out = !command`` and ``%magic``
-    lines blanked (kept as empty lines, so line numbers stay)."""
-    return "\n".join("" if line.lstrip().startswith(("!", "%")) or _SHELL_ASSIGN.match(line)
-                     else line for line in code.splitlines())
+def as_python(code: str) -> str:
+    """Notebook code as Python: each IPython line (``!command``, ``out = !command``,
+    ``%magic``) becomes ``pass`` at its indentation, so line numbers and blocks stay."""
+    lines = []
+    for line in code.splitlines():
+        if line.lstrip().startswith(("!", "%")) or _SHELL_ASSIGN.match(line):
+            line = line[:len(line) - len(line.lstrip())] + "pass  # " + line.lstrip()
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def kit_names(code: str) -> list[tuple[str, int]]:
@@ -97,7 +101,7 @@ def kit_names(code: str) -> list[tuple[str, int]]:
     if not isinstance(code, str):
         raise TypeError(f"code must be a str, got {type(code).__name__}")
     try:
-        tree = ast.parse(_python(code))
+        tree = ast.parse(as_python(code))
     except SyntaxError:
         return []
     inner_links = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
@@ -143,4 +147,4 @@ def violations(path: Path) -> list[Use]:
     return found
 
 
-__all__ = ["ALLOWED", "PENDING", "Use", "kit_names", "violations"]
+__all__ = ["ALLOWED", "PENDING", "Use", "as_python", "kit_names", "violations"]

@@ -74,18 +74,8 @@ class _CellRun(_Run):
         super().__init__(os.path.join(os.getcwd(), "<notebook cells>"), [], card=card,
                          steps=_NEVER, fake=True, strict=False, amp=None,
                          checkpoint_every=None, max_forwards=_NEVER, time_limit=math.inf,
-                         context=context)
-        gpu = self.gpu
-        if workspaces:
-            from .virtual import VirtualGPU
-
-            gpu = self.gpu = VirtualGPU(card, rounding=True, context_bytes=context,
-                                        device="cpu", workspaces=True)
-            self.engine = gpu.engine
-            self.engine.propagate = True
-            self.engine.on_new_peak = self._on_new_peak
-            self.engine.on_alloc = self._on_alloc
-        gpu._allocator.limit = gpu.capacity_bytes - gpu.context_bytes
+                         context=context, workspaces=workspaces)
+        self.gpu._allocator.limit = self.gpu.capacity_bytes - self.gpu.context_bytes
         self._limits = []  # no per-card crossings: there is one card
 
     def _is_user_file(self, filename: str) -> bool:

@@ -209,7 +209,7 @@ class _Run:
 
     def __init__(self, script: str, argv: list[str], *, card: str, steps: int, fake: bool,
                  strict: bool, amp: str | None, checkpoint_every: int | None,
-                 max_forwards: int, time_limit: float, context: int):
+                 max_forwards: int, time_limit: float, context: int, workspaces: bool = False):
         self.script = os.path.abspath(script)
         self.user_dir = os.path.dirname(self.script) + os.sep
         self.argv = list(argv)
@@ -222,7 +222,8 @@ class _Run:
         self.max_forwards = max_forwards
         self.time_limit = time_limit
         self.context = context
-        self.gpu = VirtualGPU(card, rounding=True, context_bytes=context, device="cpu")
+        self.gpu = VirtualGPU(card, rounding=True, context_bytes=context, device="cpu",
+                              workspaces=workspaces)
         # measure once with no limit; each card's limit is compared afterwards
         self.gpu._allocator.limit = None
         self.engine = self.gpu.engine
