@@ -307,6 +307,35 @@ def test_live_mode_builds_one_widget_and_updates_it_in_place(monkeypatch):
     assert "application/vnd.jupyter.widget-view+json" in bundle
 
 
+def test_a_slow_display_does_not_hold_back_the_first_live_frames(monkeypatch):
+    # Showing the plot (widget, comm, front end) takes 2 s on a busy machine; a frame 1 ms.
+    # The budget is estimated from one frame, so live frames still come every min_interval.
+    clock = Clock()
+    monkeypatch.setattr(liveplot.time, "perf_counter", clock)
+    monkeypatch.setattr(base.time, "perf_counter", clock)
+    monkeypatch.setattr(base, "headless", lambda: False)
+
+    def slow_display(*args, **kwargs):
+        clock.now += 2.0
+
+    monkeypatch.setattr("IPython.display.display", slow_display)
+    plot = LivePlot("busy", gauge=False, show=False, min_interval=0.5, budget=0.01)
+    draws = []
+
+    def frame():
+        draws.append(clock.now)
+        clock.now += 0.001
+        return "<svg></svg>"
+
+    monkeypatch.setattr(plot, "svg", frame)
+    plot.show()
+    assert plot._last_cost == pytest.approx(0.001)
+    for _ in range(3000):  # 3 s of 1 ms steps
+        plot.step(loss=1.0, samples=1)
+        clock.now += 0.001
+    assert len(draws) >= 1 + 4  # the first frame, then one about every 0.5 s
+
+
 def test_keras_callback_records_every_batch():
     pytest.importorskip("tensorflow", reason="TensorFlow is not installed")
     from helpers.core.environment import quiet_tensorflow_env
