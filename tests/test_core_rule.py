@@ -11,7 +11,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from helpers.authoring import build, core_rule, pacing
+from helpers.authoring import build, core_rule
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob(build.LESSON_GLOB))
@@ -21,12 +21,6 @@ SOLUTIONS = sorted((ROOT / "solutions").glob(build.LESSON_GLOB))
 def test_core_exercises_are_plain_code(path):
     found = core_rule.violations(path)
     assert not found, "\n".join(map(str, found))
-
-
-def test_the_pending_lessons_exist():
-    # the exemption names real lessons only, so removing a lesson removes its exemption
-    numbers = {p.stem.split("_")[0] for p in SOLUTIONS}
-    assert pacing.PENDING <= numbers
 
 
 def test_every_allowed_name_is_in_the_kit_and_has_a_reason():
@@ -84,11 +78,9 @@ def test_a_kit_shortcut_in_a_core_exercise_fails_and_is_named(tmp_path):
     assert "42_demo.ipynb exercise 42-find line 2: helpers.find_batch_size" in str(use)
 
 
-def test_the_same_shortcut_in_going_further_or_a_pending_lesson_passes(tmp_path):
+def test_the_same_shortcut_in_going_further_passes(tmp_path):
     code = "# Task: find the largest batch.\nn = helpers.find_batch_size(step)\n"
     assert core_rule.violations(lesson(tmp_path, code, further=True)) == []
-    pending = sorted(pacing.PENDING)[0]
-    assert core_rule.violations(lesson(tmp_path, code, name=f"{pending}_x.ipynb")) == []
 
 
 def test_a_writefile_exercise_keeps_its_magic_on_top_of_the_learner_copy(tmp_path):

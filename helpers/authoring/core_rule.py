@@ -16,7 +16,7 @@ Helpers that do the learner's job (``find_batch_size``, ``measure_step``, ``torc
 ``save_checkpoint``...) are not listed: a lesson shows them in Going further, beside the plain
 code, as the kit's shortcut. Only the solution cells of the core exercises (before
 ``## Going further``) are read; Going further and the cells around an exercise may use any
-helper. Lessons named in ``pacing.PENDING`` are not held to the rule yet (issue 31 moves them).
+helper.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .build import exercises_in, read
-from .pacing import PENDING, sections
+from .pacing import sections
 
 #: helpers names a core exercise's solution may use, and why (see the module's docstring)
 ALLOWED: dict[str, str] = {
@@ -130,11 +130,8 @@ def kit_names(code: str) -> list[tuple[str, int]]:
 
 
 def violations(path: Path) -> list[Use]:
-    """The kit names outside :data:`ALLOWED` in one solutions notebook's core exercises
-    (none for a lesson in :data:`PENDING`)."""
+    """The kit names outside :data:`ALLOWED` in one solutions notebook's core exercises."""
     path = Path(path)
-    if path.stem.split("_")[0] in PENDING:
-        return []
     nb = read(path)
     core, _ = sections(nb, path.stem)
     core = set(core)
@@ -147,4 +144,4 @@ def violations(path: Path) -> list[Use]:
     return found
 
 
-__all__ = ["ALLOWED", "PENDING", "Use", "as_python", "kit_names", "violations"]
+__all__ = ["ALLOWED", "Use", "as_python", "kit_names", "violations"]

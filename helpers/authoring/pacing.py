@@ -41,9 +41,6 @@ WORDS_PER_MINUTE = 120
 SECONDS_PER_CODE_LINE = 15
 SECONDS_PER_TYPED_LINE = 30  # the least an exercise takes per line of its solution
 MAX_CORE_MINUTES = 45  # by the estimate and by the Time line
-#: lessons whose cores issue 31 reworks: not yet held to MAX_CORE_MINUTES nor to the core rule
-#: (helpers/authoring/core_rule.py); their Time lines already follow the rates above
-PENDING = frozenset({"06", "07", "08", "08b", "09", "10"})
 TOLERANCE = 0.25  # |estimate - stated| may be at most this share of the stated minutes
 GOING_FURTHER = "## Going further"
 IN_KERAS = "## In Keras"
@@ -153,10 +150,8 @@ class LessonTime:
 
     @property
     def over_cap(self) -> bool:
-        """The core takes more than MAX_CORE_MINUTES (by the estimate or the Time line), in a
-        lesson held to the cap (not in PENDING)."""
-        return max(self.core.minutes, self.stated) > MAX_CORE_MINUTES and \
-            self.name.split("_")[0] not in PENDING
+        """The core takes more than MAX_CORE_MINUTES (by the estimate or the Time line)."""
+        return max(self.core.minutes, self.stated) > MAX_CORE_MINUTES
 
     def problems(self) -> list[str]:
         """What the lesson-time test fails on, one sentence each (empty: it fits)."""
