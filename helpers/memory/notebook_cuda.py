@@ -21,8 +21,8 @@ recording the simulated allocator's events, ``torch.cuda.memory._snapshot()`` re
 PyTorch's snapshot format (``segments``, ``device_traces``: ``alloc``, ``free_requested``,
 ``free_completed``, ``segment_alloc``, ``segment_free``, ``oom``, each with the Python frames
 that made it), ``_dump_snapshot(path)`` pickles it for https://pytorch.org/memory_viz and
-``_record_memory_history(enabled=None)`` stops and clears the history. On a machine with a GPU, leave the block out
-(``contextlib.nullcontext()``) and the same lines run on the card.
+``_record_memory_history(enabled=None)`` stops and clears the history. On a machine with a
+GPU, leave the block out (``contextlib.nullcontext()``) and the same lines run on the card.
 
 This is the planner's device-scoped full scale (:mod:`helpers.memory.planner`, which runs
 whole scripts this way for ``python -m helpers.fit``) made available to notebook cells:
