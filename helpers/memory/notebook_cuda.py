@@ -257,7 +257,7 @@ class _MemoryHistory:
 
     def _malloc(self, n_bytes: int, quiet: bool = False):
         a = self.alloc
-        before = set(a.segments)
+        segments_before = a.n_segments  # a new segment counts here (cheaper than a copy)
         try:
             block = type(a).malloc(a, n_bytes, quiet)
         except SimulatedOOM as err:
@@ -267,8 +267,9 @@ class _MemoryHistory:
             raise
         if block is None:
             return None
-        for seg in sorted(set(a.segments) - before):
-            self._event("segment_alloc", self._address(seg), a.segments[seg],
+        if a.n_segments != segments_before:  # at most one: the block's own
+            self._event("segment_alloc", self._address(block.segment),
+                        a._segment_sizes[block.segment],
                         self._frames(self.context in ("alloc", "all")))
         recording = self.enabled is not None and self.context is not None
         frames = self._frames(recording)
