@@ -56,7 +56,10 @@ def format_size(n_bytes: int) -> str:
 
 def oom_message(*, tried: int, capacity: int, context: int, allocated: int, reserved: int,
                 device_index: int = 0) -> str:
-    """The text of CUDA's out-of-memory error for these numbers (PyTorch 2.x wording)."""
+    """The text of CUDA's out-of-memory error for these numbers, in recent PyTorch's wording:
+    since the allocator settings became ``PYTORCH_ALLOC_CONF`` (c10's generic caching device
+    allocator), the hint names that variable, not the older ``PYTORCH_CUDA_ALLOC_CONF``
+    (still read). Lesson 08 reads this message."""
     in_use = context + reserved
     free = max(0, capacity - in_use)
     return (
@@ -66,7 +69,7 @@ def oom_message(*, tried: int, capacity: int, context: int, allocated: int, rese
         f"Of the allocated memory {format_size(allocated)} is allocated by PyTorch, and "
         f"{format_size(reserved - allocated)} is reserved by PyTorch but unallocated. If "
         "reserved but unallocated memory is large try setting "
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        "PYTORCH_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
         f"documentation for Memory Management  ({DOCS_URL})"
     )
 
