@@ -116,7 +116,6 @@ _EXPORTS = {
     "keras_mixed_policy": "tf.policies",
     "keras_policy": "tf.policies",
     "onednn_setting": "tf.policies",
-    "tf32_enabled": "tf.policies",
     # batch size (lesson 05): the finder
     "find_batch_size": "batch_size",
     "BatchSizeResult": "batch_size",

@@ -7,9 +7,7 @@
 * :func:`keras_policy`: ``with keras_policy("mixed_bfloat16"): ...`` sets Keras' global
   dtype policy and restores the previous one afterwards, even after an error;
 * :func:`onednn_setting`: the ``TF_ENABLE_ONEDNN_OPTS`` setting TensorFlow runs under, to
-  print next to CPU timings (it changes bf16 and fp16 speed);
-* :func:`tf32_enabled`: whether TensorFlow may run fp32 matmuls and convolutions in TF32 (its
-  default; it acts on GPUs of compute capability 8.0 and newer).
+  print next to CPU timings (it changes bf16 and fp16 speed).
 
 TensorFlow is imported on use, with the kit's quiet environment.
 """
@@ -20,7 +18,7 @@ import os
 import sys
 from contextlib import contextmanager
 
-__all__ = ["keras_mixed_policy", "keras_policy", "onednn_setting", "tf32_enabled", "POLICIES"]
+__all__ = ["keras_mixed_policy", "keras_policy", "onednn_setting", "POLICIES"]
 
 BF16_CAPABILITY = (8, 0)  # NVIDIA Ampere: bf16 (and TF32) tensor cores
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16", "bfloat16", "float64")
@@ -86,16 +84,6 @@ def gpu_capability(tf, index: int = 0) -> tuple[int, int] | None:
     details = tf.config.experimental.get_device_details(gpus[index])
     capability = details.get("compute_capability")
     return tuple(capability) if capability else None
-
-
-def tf32_enabled() -> bool:
-    """``tf.config.experimental.tensor_float_32_execution_enabled()``: True by default.
-
-    When True, TensorFlow runs fp32 matmuls and convolutions in TF32 on GPUs of compute
-    capability 8.0 and newer (``enable_tensor_float_32_execution(False)`` turns it off);
-    elsewhere it changes nothing.
-    """
-    return bool(tensorflow().config.experimental.tensor_float_32_execution_enabled())
 
 
 @contextmanager

@@ -232,7 +232,7 @@ def keras_speed(*, width: int = 4096, batch: int = 4096, rounds: int = 5,
             "speedup": {p: times.speedup(p) for p in times.names},
             "onednn": helpers.onednn_setting(),
             # TensorFlow's default: fp32 matmuls and convolutions in TF32 on Ampere and newer
-            "tf32": helpers.tf32_enabled()}
+            "tf32": bool(tf.config.experimental.tensor_float_32_execution_enabled())}
 
 
 def hardware() -> dict:
