@@ -46,7 +46,7 @@ from .core.fmt import ShownAsTable, Table, fmt_bytes
 from .memory.capacity import parse_capacity, resolve_capacity
 from .memory.errors import is_oom_error, release_after_error
 from .memory.sources import CudaSource
-from .memory.virtual import is_fake_value_error
+from .memory.virtual import foreach_as_on_cuda, is_fake_value_error
 from .models import ResNet
 
 __all__ = [
@@ -400,9 +400,10 @@ class TrainingCheck(ShownAsTable):
 
     def memory_text(self) -> str:
         if self.fits:
-            return (f"fits on the {self.gpu}: peak {fmt_bytes(self.peak_bytes)} of "
-                    f"{fmt_bytes(self.capacity_bytes)} ({self.share:.0%})")
-        need = (f"needs {fmt_bytes(self.needed_bytes)} ({self.share:.0%} of the card)"
+            return (f"fits on the {self.gpu}: peak {fmt_bytes(self.peak_bytes)} reserved + "
+                    f"context of {fmt_bytes(self.capacity_bytes)} ({self.share:.0%})")
+        need = (f"needs {fmt_bytes(self.needed_bytes)}, peak reserved + context "
+                f"({self.share:.0%} of the card)"
                 if self.needed_bytes else "needs more than the largest card simulated")
         return f"does not fit on the {self.gpu}: {_short_oom(self.oom or '')}; {need}"
 
@@ -540,7 +541,7 @@ def _full_scale_virtual(make_step, *, batch_size, model_factory, opt_factory, ca
 
     def attempt(size):
         gpu = VirtualGPU(size, fake=True, rounding=True, context_bytes=CONTEXT)
-        with gpu:
+        with gpu, foreach_as_on_cuda():  # Adam's CUDA default, as virtual_cuda runs it
             net, opt = _build(model_factory, opt_factory, gpu.device_type)
             run = _run_steps(make_step, net, opt, batch_size=batch_size, image_size=224,
                              n_classes=1000, device=gpu.device_type, min_updates=2,
@@ -738,7 +739,7 @@ def fix_table(checks) -> Table:
         share = f"{c.share:.0%}" if c.share is not None else "?"
         rows.append([c.name, "yes" if c.fits else "no (OOM)", memory, share, c.micro_batch,
                      c.effective_batch, "finite" if c.loss_finite else "NOT finite"])
-    return Table(["training step", f"fits on the {items[0].gpu}", "peak (or needed)",
+    return Table(["training step", f"fits on the {items[0].gpu}", "reserved + context",
                   "share of the card", "micro-batch", "effective batch", "loss"], rows)
 
 

@@ -71,9 +71,9 @@ NOTEBOOK_PARTS = {
     "notebooks-a": ["00_setup", "01_pytorch_gpu", "02_tensorflow_gpu"],
     "notebooks-b": ["03_multi_gpu", "03b_clusters_and_scale", "04_monitoring"],
     "notebooks-c": ["05_batch_size", "06_gradient_checkpointing"],
-    "notebooks-d": ["07_mixed_precision"],
+    "notebooks-d": ["07_mixed_precision", "07b_precision_in_practice"],
     "notebooks-e": ["08_oom_challenge"],
-    "notebooks-f": ["09_throughput", "10_plan_your_job"],
+    "notebooks-f": ["09_throughput", "09b_faster_steps", "10_plan_your_job"],
     # the Keras track: TensorFlow cells only, skipped where the kernel has no TensorFlow
     "notebooks-g": ["05b_keras_batch_size"],
     "notebooks-h": ["08b_keras_oom_challenge"],

@@ -36,6 +36,7 @@ from .engine import Engine, device_type
 from .workspaces import Workspaces
 
 __all__ = ["VirtualGPU", "full_scale", "current_virtual_gpu", "format_size", "oom_message",
+           "foreach_as_on_cuda",
            "is_fake", "is_fake_value_error"]
 
 current_virtual_gpu = state.current_virtual_gpu
@@ -56,7 +57,10 @@ def format_size(n_bytes: int) -> str:
 
 def oom_message(*, tried: int, capacity: int, context: int, allocated: int, reserved: int,
                 device_index: int = 0) -> str:
-    """The text of CUDA's out-of-memory error for these numbers (PyTorch 2.x wording)."""
+    """The text of CUDA's out-of-memory error for these numbers, in recent PyTorch's wording:
+    since the allocator settings became ``PYTORCH_ALLOC_CONF`` (c10's generic caching device
+    allocator), the hint names that variable, not the older ``PYTORCH_CUDA_ALLOC_CONF``
+    (still read). Lesson 08 reads this message."""
     in_use = context + reserved
     free = max(0, capacity - in_use)
     return (
@@ -66,9 +70,38 @@ def oom_message(*, tried: int, capacity: int, context: int, allocated: int, rese
         f"Of the allocated memory {format_size(allocated)} is allocated by PyTorch, and "
         f"{format_size(reserved - allocated)} is reserved by PyTorch but unallocated. If "
         "reserved but unallocated memory is large try setting "
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        "PYTORCH_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
         f"documentation for Memory Management  ({DOCS_URL})"
     )
+
+
+@contextlib.contextmanager
+def foreach_as_on_cuda():
+    """Inside: optimizers (and ``clip_grad_norm_``) take their ``foreach`` paths on this
+    machine's tensors, fake ones included, as they do by default on CUDA. A virtual card's
+    fake tensors are CPU tensors, where Adam would update parameter by parameter; on a GPU its
+    default foreach update reserves more. The planner and ``virtual_cuda`` do the same, so
+    lesson 08's checker and the lesson's plain ``torch.cuda`` lines count the same bytes."""
+    import torch.optim.optimizer as optimizer_module
+    import torch.utils._foreach_utils as foreach_utils
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    modules = (foreach_utils, optimizer_module)
+    names = ("_get_foreach_kernels_supported_devices", "_foreach_supported_types")
+    saved = [(m, n, m.__dict__[n]) for m in modules for n in names]
+    original = foreach_utils._get_foreach_kernels_supported_devices
+
+    def supported():
+        return [*original(), "cpu"]
+
+    try:
+        for module in modules:
+            module._get_foreach_kernels_supported_devices = supported
+            module._foreach_supported_types = [*module._foreach_supported_types, FakeTensor]
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
 
 
 _OPTIM_DIR = os.path.dirname(torch.optim.__file__) + os.sep

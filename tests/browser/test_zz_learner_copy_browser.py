@@ -52,7 +52,7 @@ def test_lesson_08_learner_copy_locks_collapses_and_hides_predictions(page: Page
     assert setup["readOnly"] and setup["deletable"] is False
 
     n_exercises = len(build.exercises_in(build.SOLUTIONS / "08_oom_challenge.ipynb"))
-    assert n_exercises >= 4  # two core challenges and two in Going further
+    assert n_exercises >= 4  # three core challenges and one in Going further
     checks = [i for i, c in enumerate(cells) if c["first"].startswith("# Check: ")]
     assert len(checks) == n_exercises, [c["first"] for c in cells]
     for i in checks:
@@ -72,7 +72,7 @@ def test_lesson_08_learner_copy_locks_collapses_and_hides_predictions(page: Page
     page.evaluate(SCROLL_TO, checks[0] - 1)
     page.wait_for_timeout(300)  # let the scroll settle before the picture
     page.screenshot(path=lab.artifacts / "lab-08-learner-copy-challenge.png")
-    # the Going-further challenge whose fix is an edit of the script's own loop
+    # the core challenge whose fix is an edit of the script's own loop
     own_loop = next(i for i, c in enumerate(cells) if c["first"].startswith("# Write fixed_loop"))
     page.evaluate(SCROLL_TO, own_loop)
     page.wait_for_timeout(300)

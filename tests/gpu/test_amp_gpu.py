@@ -24,7 +24,7 @@ What it measures:
    mixed_float16 and mixed_bfloat16 policies, timed the same way.
 
 Results (hardware, driver, versions, settings, date, figures) go to
-``tests/gpu/results/amp.json``; lesson 07 shows them on CPU machines, labelled, through
+``tests/gpu/results/amp.json``; lesson 07b shows them on CPU machines, labelled, through
 ``helpers.recorded_gpu_results("amp")``.
 """
 

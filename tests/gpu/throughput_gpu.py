@@ -1,7 +1,8 @@
-"""Record lesson 09's throughput ladders on a real CUDA GPU.
+"""Record lessons 09 and 09b's throughput ladders on a real CUDA GPU.
 
 Runs the same workloads as solutions/09_throughput.ipynb (the starved loop on
-``helpers.SlowDataset``, the DataLoader rungs, the training-step rungs) plus the rungs only a
+``helpers.SlowDataset``, the DataLoader rungs) and solutions/09b_faster_steps.ipynb (the
+training-step rungs) plus the rungs only a
 GPU can run, ``pin_memory`` + ``non_blocking`` and CUDA graphs
 (``torch.compile(mode="reduce-overhead")``), and ``torch.compile`` on the GPU.  It writes one
 small JSON file with the hardware, versions, date and figures, which the lesson shows,

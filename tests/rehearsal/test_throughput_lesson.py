@@ -1,4 +1,5 @@
-"""Rehearsals of lesson 09's CUDA branches (solutions/09_throughput.ipynb), run on a CPU.
+"""Rehearsals of lessons 09 and 09b's CUDA branches (solutions/09b_faster_steps.ipynb holds the
+step ladder since lesson 09 was split), run on a CPU.
 
 The cells are taken from the notebook by id and executed against a simulated GPU
 (``helpers.SimulatedCuda``) with ``device = torch.device("cuda")``: the mixed-precision pick
@@ -23,7 +24,9 @@ import helpers
 from helpers.core.fake_nvml import FakeGpu, FakeNvml, simulated_uuid
 from helpers.memory.cuda_standin import SimulatedCuda
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions" / "09_throughput.ipynb"
+SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
+NOTEBOOK = SOLUTIONS / "09b_faster_steps.ipynb"  # the step ladder: AMP, rungs, compile, graphs
+INPUT_NOTEBOOK = SOLUTIONS / "09_throughput.ipynb"  # the input pipeline
 AMP, RUNGS, COMPILE, GRAPHS = "9a3d52e6", "2ed3440c", "58c9f7c4", "b3c8d571"
 
 
@@ -40,7 +43,7 @@ def run_cells(namespace: dict, *cell_ids: str) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         for cell_id in cell_ids:
-            exec(compile(cell(cell_id), f"09_throughput.ipynb:{cell_id}", "exec"), namespace)
+            exec(compile(cell(cell_id), f"{NOTEBOOK.name}:{cell_id}", "exec"), namespace)
     return out.getvalue()
 
 
@@ -160,17 +163,21 @@ def test_profile_cells_without_a_compiler_profile_the_eager_step():
     assert "compiled graphs run in one step: 0" in printed
 
 
-def test_core_is_the_input_pipeline_and_the_step_cost_goes_further():
-    """Issue 17: the core (everything before ``## Going further``) teaches the input pipeline
-    and holds the exercise 09-fix-the-loader; torch.compile, CUDA graphs, mixed precision,
-    TensorFlow and 09-name-the-bottleneck lie in Going further, before Key points."""
-    cells = json.loads(NOTEBOOK.read_text())["cells"]
+def _parts(path):
+    """(cells, index of '## Going further', index of '## Key points', {id: index})."""
+    cells = json.loads(path.read_text())["cells"]
     first = ["".join(c["source"]).split("\n", 1)[0] for c in cells]
     further, key_points = first.index("## Going further"), first.index("## Key points")
     assert further < key_points == len(cells) - 1
-    where = {c["id"]: i for i, c in enumerate(cells)}
-    for cell_id in (AMP, RUNGS, COMPILE, GRAPHS, "e2b47c95", "9c79bf3d"):
-        assert further < where[cell_id] < key_points, cell_id
+    return cells, further, key_points, {c["id"]: i for i, c in enumerate(cells)}
+
+
+def test_core_is_the_input_pipeline_and_the_step_cost_goes_further():
+    """Issue 17, then issue 31's split: lesson 09's core teaches the input pipeline and holds
+    09-fix-the-loader (TensorFlow and 09-name-the-bottleneck in its Going further); the step
+    cost is lesson 09b, whose core holds the mixed-precision rung and 09-cuda-event-timer and
+    whose Going further holds torch.compile and CUDA graphs (slow first steps)."""
+    cells, further, key_points, where = _parts(INPUT_NOTEBOOK)
     source = {c["id"]: "".join(c["source"]) for c in cells}
     core = [c for c in cells[:further] if c["cell_type"] == "code"]
     assert not [c["id"] for c in core if "torch.compile" in source[c["id"]]]
@@ -178,6 +185,18 @@ def test_core_is_the_input_pipeline_and_the_step_cost_goes_further():
     exercises = {c["metadata"]["exercise"]["id"]: i for i, c in enumerate(cells)
                  if "exercise" in c["metadata"]}
     assert exercises["09-fix-the-loader"] < further < exercises["09-name-the-bottleneck"]
+    assert not set(where) & {AMP, RUNGS, COMPILE, GRAPHS}, "the step ladder is lesson 09b's"
+
+    cells, further, key_points, where = _parts(NOTEBOOK)
+    for cell_id in (AMP, RUNGS):
+        assert where[cell_id] < further, cell_id
+    for cell_id in (COMPILE, GRAPHS, "e2b47c95", "9c79bf3d"):
+        assert further < where[cell_id] < key_points, cell_id
+    core = [c for c in cells[:further] if c["cell_type"] == "code"]
+    assert not [c["id"] for c in core if "torch.compile(" in "".join(c["source"])]
+    exercises = {c["metadata"]["exercise"]["id"]: i for i, c in enumerate(cells)
+                 if "exercise" in c["metadata"]}
+    assert exercises["09-cuda-event-timer"] < further
 
 
 # ------------------------------------------------------------------ StepTimer's GPU-Util

@@ -333,7 +333,9 @@ def notebook_code(path: Path):
         source = "".join(cell["source"])
         if source.lstrip().startswith("%%"):
             continue  # a cell magic: not Python
-        lines = [("pass  # " + ln) if ln.lstrip().startswith(("%", "!")) or SHELL_ASSIGN.match(ln)
+        # an IPython line becomes `pass` at its indentation, so a block around it stays valid
+        lines = [(ln[:len(ln) - len(ln.lstrip())] + "pass  # " + ln.lstrip())
+                 if ln.lstrip().startswith(("%", "!")) or SHELL_ASSIGN.match(ln)
                  else ln for ln in source.splitlines()]
         yield i, "\n".join(lines)
         for stub in [cell["metadata"].get("exercise", {}).get("stub")]:

@@ -361,6 +361,18 @@ OOM_TEXT = re.compile(
     r"PyTorch but unallocated\. If reserved")
 
 
+def test_oom_message_names_the_current_allocator_variable():
+    from helpers.memory.virtual import oom_message
+
+    text = oom_message(tried=2 * 1024**2, capacity=1024**3, context=300 * 1024**2,
+                       allocated=600 * 1024**2, reserved=700 * 1024**2)
+    assert OOM_TEXT.match(text)
+    # recent PyTorch (c10's caching device allocator) names PYTORCH_ALLOC_CONF in its hint
+    assert "try setting PYTORCH_ALLOC_CONF=expandable_segments:True to avoid" in text
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in text
+    assert "100.00 MiB is reserved by PyTorch but unallocated" in text
+
+
 @pytest.mark.parametrize("where", ["forward", "backward", "optimizer"])
 def test_oom_is_a_real_torch_error_in_every_phase(where):
     model, opt, x, y, step = mlp_setup(batch=512, d_in=64, hidden=512, depth=2)

@@ -94,3 +94,125 @@ def test_workspaces_are_charged_when_asked():
             a @ a
             sizes[workspaces] = torch.cuda.max_memory_allocated()
     assert sizes[True] - sizes[False] >= 32 * MiB  # Hopper's cuBLAS workspace
+
+
+# ---------------------------------------------------------------------- memory snapshots
+def _small_step():
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)).to("cuda")
+    x = torch.randn(4096, 1024, device="cuda")  # 16 MiB: a large segment of its own
+    return model, x
+
+
+def test_memory_history_records_the_allocators_events_in_pytorchs_format(tmp_path):
+    import pickle
+
+    from torch.cuda import _memory_viz
+
+    with helpers.virtual_cuda("L40S"):
+        model, x = _small_step()
+        torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
+        model(x).sum().backward()  # the line the activations come from
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._dump_snapshot(str(tmp_path / "snapshot.pickle"))
+        allocated = torch.cuda.memory_allocated()
+        reserved = torch.cuda.memory_reserved()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        assert torch.cuda.memory._snapshot()["device_traces"] == [[]]  # stopping clears it
+    trace = snapshot["device_traces"][0]
+    actions = {e["action"] for e in trace}
+    assert {"alloc", "free_requested", "free_completed", "segment_alloc"} <= actions
+    for e in trace:
+        assert e["stream"] == 0 and e["size"] > 0 and isinstance(e["addr"], int)
+    # the activations (4096 x 1024 float32 = 16 MiB) were made on this test's line
+    relu = [e for e in trace if e["action"] == "alloc" and e["size"] == 16 * MiB]
+    assert relu and all(any(f["filename"] == __file__ for f in e["frames"]) for e in relu)
+    assert not any("helpers" + "/memory" in f["filename"] for e in trace for f in e["frames"])
+    # segments agree with the counters, block by block
+    segs = snapshot["segments"]
+    assert sum(s["total_size"] for s in segs) == reserved
+    assert sum(s["allocated_size"] for s in segs) == allocated
+    for s in segs:
+        assert sum(b["size"] for b in s["blocks"]) == s["total_size"]
+        assert s["blocks"][0]["address"] == s["address"]
+    # torch's own tools read it; the pickle is the same dict
+    with open(tmp_path / "snapshot.pickle", "rb") as f:
+        dumped = pickle.load(f)
+    assert dumped["segments"] == segs
+    assert "segments: " in _memory_viz.segsum(dumped)
+    assert "cudaMalloc" in _memory_viz.trace(dumped)
+    assert "<html" in _memory_viz.trace_plot(dumped).lower()
+    assert "<html" in _memory_viz.segment_plot(dumped).lower()
+    lines = _memory_viz.memory(dumped, format_flamegraph=lambda lines: lines)
+    assert "active_allocated" in lines
+
+
+def test_memory_history_replays_to_the_peak():
+    with helpers.virtual_cuda("L40S"):
+        model, x = _small_step()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
+        model(x).sum().backward()
+        peak = torch.cuda.max_memory_allocated()
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        torch.cuda.memory._record_memory_history(enabled=None)
+    live, highest = start, start
+    for e in trace:
+        live += {"alloc": e["size"], "free_completed": -e["size"]}.get(e["action"], 0)
+        highest = max(highest, live)
+    assert highest == peak
+
+
+def test_memory_history_keeps_the_last_max_entries_and_records_an_oom():
+    with helpers.virtual_cuda("T4"):
+        torch.cuda.memory._record_memory_history(max_entries=3)
+        for _ in range(5):
+            torch.ones(1024, device="cuda")
+        assert len(torch.cuda.memory._snapshot()["device_traces"][0]) == 3
+        torch.cuda.memory._record_memory_history(enabled="all", clear_history=True)
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(10 * 2**30, device="cuda")
+        oom = [e for e in torch.cuda.memory._snapshot()["device_traces"][0]
+               if e["action"] == "oom"]
+        torch.cuda.memory._record_memory_history(enabled=None)
+    assert oom and oom[0]["size"] >= 40 * 2**30 and oom[0]["device_free"] > 0
+
+
+def test_state_only_history_keeps_frames_of_live_blocks_but_no_trace():
+    with helpers.virtual_cuda("L40S"):
+        torch.cuda.memory._record_memory_history(enabled="state")
+        kept = torch.ones(1024, device="cuda")  # noqa: F841 - alive at the snapshot
+        snapshot = torch.cuda.memory._snapshot()
+        assert torch.cuda.memory_snapshot() == snapshot["segments"]
+        torch.cuda.memory._record_memory_history(enabled=None)
+    assert snapshot["device_traces"] == [[]]
+    blocks = [b for s in snapshot["segments"] for b in s["blocks"]
+              if b["state"] == "active_allocated"]
+    assert any(f["filename"] == __file__ for b in blocks for f in b["frames"])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"enabled": "yes"}, "enabled must be one of"),
+    ({"context": "some"}, "context must be one of"),
+    ({"stacks": "cpp"}, "stacks must be one of"),
+    ({"max_entries": 0}, "max_entries must be a whole number"),
+    ({"max_entries": 2.5}, "max_entries must be a whole number"),
+    ({"device": 1}, "the virtual card is cuda:0"),
+    ({"device": "cpu"}, "the virtual card is cuda:0"),
+    ({"skip_actions": ["alloc"]}, "skip_actions is not simulated"),
+])
+def test_memory_history_rejects_bad_arguments(kwargs, match):
+    with helpers.virtual_cuda("L40S"), pytest.raises(ValueError, match=match):
+        torch.cuda.memory._record_memory_history(**kwargs)
+
+
+def test_memory_history_functions_are_put_back_after_the_block(tmp_path):
+    originals = (torch.cuda.memory._record_memory_history, torch.cuda.memory._snapshot,
+                 torch.cuda.memory._dump_snapshot, torch.cuda.memory_snapshot)
+    with helpers.virtual_cuda("L40S"):
+        with pytest.raises(TypeError, match="filename must be a path"):
+            torch.cuda.memory._dump_snapshot(3)
+        with pytest.raises(ValueError, match="cuda:0"):
+            torch.cuda.memory._snapshot(device="cuda:1")
+    assert (torch.cuda.memory._record_memory_history, torch.cuda.memory._snapshot,
+            torch.cuda.memory._dump_snapshot, torch.cuda.memory_snapshot) == originals

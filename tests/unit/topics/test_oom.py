@@ -85,18 +85,36 @@ def test_large_resnet_is_resnet_200():
 def test_a_fitting_step_reports_the_peak_the_virtual_gpu_saw():
     result = check(plain, batch_size=16)
     assert result.fits and result.passed and result.oom is None
-    card = helpers.VirtualGPU("8 GiB", fake=True, rounding=True, context_bytes="500 MiB",
-                              device="cpu")
-    with card:
-        net = small_resnet()
+    # the plain torch.cuda lines of lesson 08 on a virtual card: the same definition (peak
+    # reserved + context) and the same bytes (Adam's CUDA default, the foreach update)
+    with helpers.virtual_cuda("8 GiB"):
+        net = small_resnet().to("cuda")
         opt = torch.optim.Adam(net.parameters())
         step = plain(net, opt)
+        torch.cuda.reset_peak_memory_stats()
         for _ in range(2):
-            step(torch.randn(16, 3, 224, 224), torch.randint(0, 1000, (16,)))
-    assert result.peak_bytes == card.context_bytes + card.peak_reserved_bytes
+            step(torch.randn(16, 3, 224, 224, device="cuda"),
+                 torch.randint(0, 1000, (16,), device="cuda"))
+        free, total = torch.cuda.mem_get_info()
+        context = total - free - torch.cuda.memory_reserved()
+        plain_peak = context + torch.cuda.max_memory_reserved()
+    assert result.peak_bytes == plain_peak
     assert result.bytes == result.peak_bytes
     assert result.updates == 2 and result.micro_batch == result.effective_batch == 16
     assert len(result.losses) == 3 and result.loss_finite
+
+
+def test_adam_takes_its_cuda_foreach_path_on_the_virtual_card_and_only_there():
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    from helpers.memory.virtual import foreach_as_on_cuda
+
+    with helpers.VirtualGPU("1 GiB", fake=True, device="cpu"):
+        params = list(nn.Linear(4, 4).parameters())
+        assert _default_to_fused_or_foreach(params, False, False) == (False, False)
+        with foreach_as_on_cuda():
+            assert _default_to_fused_or_foreach(params, False, False) == (False, True)
+        assert _default_to_fused_or_foreach(params, False, False) == (False, False)
 
 
 def test_an_oom_reports_what_the_step_needs():
