@@ -94,7 +94,6 @@ _EXPORTS = {
     "MemoryReport": "memory.report",
     "parse_capacity": "memory.capacity",
     "KNOWN_GPUS": "memory.capacity",
-    "measure_keras_step": "tf.keras",
     # Keras track (lessons 05 and 08): a step's memory line and the Keras virtual card
     "measure_keras_memory": "tf.memory_fit",
     "KerasMemoryFit": "tf.memory_fit",

@@ -19,7 +19,7 @@ Modules:
 * :mod:`.cuda_standin` -- ``SimulatedCuda``, a ``torch.cuda`` stand-in for rehearsals.
 * :mod:`.notebook_cuda` -- ``virtual_cuda``: plain CUDA code in notebook cells on a virtual card.
 
-``measure_keras_step`` (TensorFlow/Keras) lives in :mod:`helpers.tf.keras`.
+``measure_keras_memory`` (TensorFlow/Keras) lives in :mod:`helpers.tf.memory_fit`.
 """
 
 from ..core import lazy_submodules as _lazy_submodules

@@ -1199,8 +1199,9 @@ def _check_script(script) -> str:
     if uses_tf and not uses_torch:
         raise PlanError(
             f"{path} is a TensorFlow/Keras script: the planner runs PyTorch scripts. For "
-            "Keras, measure the step with helpers.measure_keras_step (lesson 05b) or fit a "
-            "memory line with helpers.measure_keras_memory (lesson 08b).", kind="tensorflow")
+            "Keras, read a step's peak with tf.config.experimental.reset_memory_stats and "
+            "get_memory_info (lessons 05b, 08b) or fit a memory line with "
+            "helpers.measure_keras_memory (lesson 08b).", kind="tensorflow")
     return os.path.abspath(path)
 
 

@@ -1,7 +1,7 @@
 """TensorFlow's memory counters as a :class:`helpers.memory.sources.MemorySource`.
 
 The memory layer never imports TensorFlow; this module hands it ``tf.config.experimental``.
-Used by :func:`helpers.measure_keras_step` and the batch-size finder's Keras path.
+Used by the batch-size finder's Keras path.
 """
 
 from __future__ import annotations

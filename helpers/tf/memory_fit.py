@@ -262,17 +262,27 @@ def _batches(values, name: str) -> list[int]:
 
 
 def _largest_activation(model, batch: int) -> tuple[tuple, str]:
-    """The shape and dtype of the largest layer output of ``model`` at ``batch``."""
-    from .keras import _layer_activations
+    """The shape and dtype of the largest layer output of ``model`` at ``batch`` (a model
+    without known output shapes: one float32 value per sample)."""
+    import tensorflow as tf
 
-    try:
-        layers = _layer_activations(model, batch)
-    except ValueError:
-        layers = []
-    if not layers:
-        return (batch,), "float32"
-    big = max(layers, key=lambda a: a.n_bytes)
-    return big.shape, big.dtype
+    best, best_bytes = ((batch,), "float32"), -1
+    for layer in model.layers:
+        if isinstance(layer, tf.keras.layers.InputLayer):
+            continue
+        try:
+            outputs = layer.output
+        except (AttributeError, ValueError):
+            return (batch,), "float32"
+        for o in outputs if isinstance(outputs, (list, tuple)) else [outputs]:
+            dtype = str(o.dtype or layer.dtype_policy.compute_dtype)
+            shape = tuple(batch if d is None else int(d) for d in o.shape)
+            n = tf.as_dtype(dtype).size
+            for d in shape:
+                n *= d
+            if n > best_bytes:
+                best, best_bytes = (shape, dtype), n
+    return best
 
 
 def _default_batch(model, batch: int):

@@ -54,7 +54,7 @@ def test_memory_names_are_lazy_and_cheap():
 
 def test_public_names():
     for name in ("VirtualGPU", "current_virtual_gpu", "full_scale", "measure_step",
-                 "MemoryReport", "parse_capacity", "KNOWN_GPUS", "measure_keras_step",
+                 "MemoryReport", "parse_capacity", "KNOWN_GPUS",
                  "recorded_gpu_results", "ResNet", "TransformerBlock"):
         assert getattr(helpers, name) is not None
 
