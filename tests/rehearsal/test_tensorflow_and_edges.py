@@ -17,7 +17,6 @@ from helpers import batch_size as bs
 from helpers.core.fake_nvml import FakeGpu, FakeNvml
 from helpers.core.gpu_visibility import gpu_visibility
 from helpers.memory.cuda_standin import SimulatedCuda
-from helpers.tf import keras as memory_keras
 from helpers.tf import runtime as tf_runtime
 from helpers.watch import gauge
 
@@ -62,7 +61,6 @@ def test_keras_mixed_policy_edges_on_a_gpu_machine(fake_tf):
 
 
 def test_tensorflow_gpu_choices(fake_tf):
-    assert memory_keras._device(None) == "GPU:0"
     assert tf_runtime.memory_growth(fake_tf) == "grow on demand on 1 GPU(s)"
     assert fake_tf.growth == ["/physical_device:GPU:0"]
 
