@@ -56,6 +56,7 @@ import pickle
 import sys
 import sysconfig
 import time
+from unittest import mock
 
 import torch
 
@@ -76,7 +77,6 @@ __all__ = ["virtual_cuda"]
 
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _NEVER = sys.maxsize  # steps and forward passes: a notebook block never stops on a count
-_MISSING = object()
 _SEGMENT_ALIGN = 2 * 1024**2  # simulated segment addresses: 2 MiB apart at least
 
 
@@ -201,33 +201,29 @@ class _MemoryHistory:
         self.live: dict[int, tuple] = {}  # id(block) -> (block, requested bytes, frames)
         self.addresses: dict[int, int] = {}  # segment id -> address
         self._next_address = _BASE_ADDRESS
-        self._saved: list[tuple[object, str, object]] = []
+        self._patches = contextlib.ExitStack()
 
     # -------------------------------------------------------------- patching
     def __enter__(self):
         a = self.alloc
         if not hasattr(a, "segments"):
             return self  # an exact allocator: no segments, no history
-        for name in ("malloc", "free", "empty_cache"):
-            self._saved.append((a, name, a.__dict__.get(name, _MISSING)))
-        a.malloc, a.free, a.empty_cache = self._malloc, self._free, self._empty_cache
         memory = torch.cuda.memory
-        for name in ("_record_memory_history", "_snapshot", "_dump_snapshot",
-                     "memory_snapshot"):
-            self._saved.append((memory, name, memory.__dict__.get(name, _MISSING)))
-            setattr(memory, name, getattr(self, name))
-        self._saved.append((torch.cuda, "memory_snapshot",
-                            torch.cuda.__dict__.get("memory_snapshot", _MISSING)))
-        torch.cuda.memory_snapshot = self.memory_snapshot
+        with self._patches:  # closed (everything put back) only if a patch fails
+            for owner, name, value in (
+                    (a, "malloc", self._malloc), (a, "free", self._free),
+                    (a, "empty_cache", self._empty_cache),
+                    (memory, "_record_memory_history", self._record_memory_history),
+                    (memory, "_snapshot", self._snapshot),
+                    (memory, "_dump_snapshot", self._dump_snapshot),
+                    (memory, "memory_snapshot", self.memory_snapshot),
+                    (torch.cuda, "memory_snapshot", self.memory_snapshot)):
+                self._patches.enter_context(mock.patch.object(owner, name, value))
+            self._patches = self._patches.pop_all()
         return self
 
     def __exit__(self, *exc):
-        for owner, name, value in reversed(self._saved):
-            if value is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)
-        self._saved.clear()
+        self._patches.close()  # every patched name put back, in reverse order
         return False
 
     # -------------------------------------------------------------- the allocator's events

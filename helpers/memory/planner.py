@@ -64,7 +64,7 @@ from ..core.fmt import GiB, MiB, ShownAsTable, Table, fmt_bytes
 from .capacity import COMPUTE_CAPABILITY, KNOWN_GPUS, card_name, resolve_capacity
 from .cuda_standin import SimulatedCuda
 from .sources import ProcessRamSource
-from .virtual import VirtualGPU
+from .virtual import VirtualGPU, foreach_patches
 
 __all__ = ["will_it_fit", "Plan", "PlanError", "CardFit", "CodeLine", "StandIn",
            "DEFAULT_CONTEXT", "CUDA_FP32_OPS"]
@@ -889,20 +889,8 @@ class _Patches:
         self._set(nn.Module, "to", to)
 
     def _patch_foreach(self) -> None:
-        import torch.optim.optimizer as optimizer_module
-        import torch.utils._foreach_utils as foreach_utils
-
-        original = foreach_utils._get_foreach_kernels_supported_devices
-
-        def supported():  # CUDA's default: Adam, SGD and clip_grad_norm_ use foreach kernels
-            return [*original(), "cpu"]
-
-        self._set(foreach_utils, "_get_foreach_kernels_supported_devices", supported)
-        self._set(optimizer_module, "_get_foreach_kernels_supported_devices", supported)
-        if self.run.fake:  # fake parameters take the foreach paths too
-            for module in (foreach_utils, optimizer_module):
-                types = [*module._foreach_supported_types, self.run._fake_type]
-                self._set(module, "_foreach_supported_types", types)
+        for module, name, value in foreach_patches(fake=self.run.fake):
+            self._set(module, name, value)
 
     def _patch_distributed(self) -> None:
         import torch.distributed as dist

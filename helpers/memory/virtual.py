@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from unittest import mock
 
 import torch
 
@@ -36,7 +37,7 @@ from .engine import Engine, device_type
 from .workspaces import Workspaces
 
 __all__ = ["VirtualGPU", "full_scale", "current_virtual_gpu", "format_size", "oom_message",
-           "foreach_as_on_cuda",
+           "foreach_as_on_cuda", "foreach_patches",
            "is_fake", "is_fake_value_error"]
 
 current_virtual_gpu = state.current_virtual_gpu
@@ -75,33 +76,38 @@ def oom_message(*, tried: int, capacity: int, context: int, allocated: int, rese
     )
 
 
-@contextlib.contextmanager
-def foreach_as_on_cuda():
-    """Inside: optimizers (and ``clip_grad_norm_``) take their ``foreach`` paths on this
-    machine's tensors, fake ones included, as they do by default on CUDA. A virtual card's
-    fake tensors are CPU tensors, where Adam would update parameter by parameter; on a GPU its
-    default foreach update reserves more. The planner and ``virtual_cuda`` do the same, so
-    lesson 08's checker and the lesson's plain ``torch.cuda`` lines count the same bytes."""
+def foreach_patches(fake: bool = True) -> list[tuple[object, str, object]]:
+    """``(module, name, value)``: what to set so that optimizers (and ``clip_grad_norm_``)
+    take their ``foreach`` paths on this machine's tensors, as they do by default on CUDA;
+    with ``fake``, on fake tensors too. A virtual card's fake tensors are CPU tensors, where
+    Adam would update parameter by parameter; on a GPU its default foreach update reserves
+    more. The planner (and so ``virtual_cuda``) sets these, and :func:`foreach_as_on_cuda`."""
     import torch.optim.optimizer as optimizer_module
     import torch.utils._foreach_utils as foreach_utils
     from torch._subclasses.fake_tensor import FakeTensor
 
-    modules = (foreach_utils, optimizer_module)
-    names = ("_get_foreach_kernels_supported_devices", "_foreach_supported_types")
-    saved = [(m, n, m.__dict__[n]) for m in modules for n in names]
     original = foreach_utils._get_foreach_kernels_supported_devices
 
-    def supported():
+    def supported():  # CUDA's default: Adam, SGD and clip_grad_norm_ use foreach kernels
         return [*original(), "cpu"]
 
-    try:
-        for module in modules:
-            module._get_foreach_kernels_supported_devices = supported
-            module._foreach_supported_types = [*module._foreach_supported_types, FakeTensor]
+    patches = []
+    for module in (foreach_utils, optimizer_module):
+        patches.append((module, "_get_foreach_kernels_supported_devices", supported))
+        if fake:  # fake parameters take the foreach paths too
+            patches.append((module, "_foreach_supported_types",
+                            [*module._foreach_supported_types, FakeTensor]))
+    return patches
+
+
+@contextlib.contextmanager
+def foreach_as_on_cuda():
+    """Inside: :func:`foreach_patches` set, put back on exit; so lesson 08's checker and the
+    lesson's plain ``torch.cuda`` lines in ``virtual_cuda`` count the same bytes."""
+    with contextlib.ExitStack() as stack:
+        for module, name, value in foreach_patches():
+            stack.enter_context(mock.patch.object(module, name, value))
         yield
-    finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
 
 
 _OPTIM_DIR = os.path.dirname(torch.optim.__file__) + os.sep

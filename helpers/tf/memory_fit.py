@@ -277,9 +277,7 @@ def _largest_activation(model, batch: int) -> tuple[tuple, str]:
         for o in outputs if isinstance(outputs, (list, tuple)) else [outputs]:
             dtype = str(o.dtype or layer.dtype_policy.compute_dtype)
             shape = tuple(batch if d is None else int(d) for d in o.shape)
-            n = tf.as_dtype(dtype).size
-            for d in shape:
-                n *= d
+            n = math.prod(shape) * tf.as_dtype(dtype).size
             if n > best_bytes:
                 best, best_bytes = (shape, dtype), n
     return best
