@@ -58,6 +58,7 @@ import traceback
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils import _device as _default_device
 
 from ..core.checks import choice, flag, positive_int, real_number, text, whole_number
 from ..core.fmt import GiB, MiB, ShownAsTable, Table, fmt_bytes
@@ -93,6 +94,11 @@ _READS = {_T.item: "item()", _T.tolist: "tolist()", _T.__bool__: "bool()",
           _T.numpy: "numpy()", _T.__format__: "format", _T.__repr__: "print/repr",
           _T.__array__: "numpy array", _T.cpu: "cpu()"}
 _LOW = (torch.bfloat16, torch.float16)
+_CUDA0 = torch.device("cuda", 0)
+#: what a tensor on the card answers, as on a GPU (the TorchFunctionMode sees the property
+#: getters); FakeTensor's own ``device`` property is patched (:meth:`_Patches._patch_fake_device`)
+_DEVICE_ANSWERS = {_T.device.__get__: _CUDA0, _T.is_cuda.__get__: True,
+                   _T.is_cpu.__get__: False, _T.get_device: 0}
 
 
 class PlanError(ValueError):
@@ -261,6 +267,16 @@ class _Run:
         self.seconds = 0.0
         self.used_workers = 0
         self.script_ddp = False  # the script wraps its model in DDP itself
+        self.device_mode = None  # the _DeviceMode while the script runs
+
+    def mode_is_on(self) -> bool:
+        """Is the script's code running (the planner's TorchFunctionMode on the stack and
+        not set aside, as it is inside its own handler and in the kernels below it)?"""
+        mode = self.device_mode
+        if mode is None or not torch._C._is_torch_function_mode_enabled():
+            return False
+        stack_at = torch._C._get_function_stack_at
+        return any(stack_at(i) is mode for i in range(torch._C._len_torch_function_stack()))
 
     # ------------------------------------------------------------ where in the user's code
     def _is_user_file(self, filename: str) -> bool:
@@ -347,8 +363,8 @@ class _Run:
 
     def _classify(self) -> None:
         """Sort the records alive at the peak into categories, by their labels."""
-        out = {"parameters": 0, "gradients": 0, "optimizer state": 0, "inputs": 0,
-               "activations and temporaries": 0}
+        out = {"parameters": 0, "gradients": 0, "optimizer state": 0, "buffers": 0,
+               "inputs": 0, "activations and temporaries": 0}
         for rec in self._snapshot:
             cat = rec.label if rec.label in out else "activations and temporaries"
             out[cat] += rec.nbytes
@@ -362,17 +378,26 @@ class _Run:
             return isinstance(t, self._fake_type)
         return self.engine.lookup(t) is not None
 
-    def to_device(self, t: torch.Tensor, dtype=None) -> torch.Tensor:
+    def to_device(self, t: torch.Tensor, dtype=None, memory_format=None) -> torch.Tensor:
+        """``t`` on the card, as ``t.to("cuda", dtype, memory_format=...)`` makes it."""
+        fmt = memory_format or torch.preserve_format
         if self.on_device(t):
-            return t if dtype is None else t.to(dtype)
+            return t if dtype is None and memory_format is None else \
+                t.to(dtype=dtype or t.dtype, memory_format=fmt)
         if self.fake:
+            # shape and strides from a meta copy: handing the real tensor to the fake mode
+            # would put a weak reference on it (the converter's memo), and a parameter with
+            # one cannot be swapped in place (torch.utils.swap_tensors) by a module's move
+            meta = torch.empty_like(t, device="meta", dtype=dtype or t.dtype,
+                                    memory_format=fmt)
             with self.fake_mode:
-                out = torch.empty_like(t, dtype=dtype or t.dtype)
+                out = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype,
+                                          device="cpu")
             if t.requires_grad and out.is_floating_point():
                 out.requires_grad_(True)
         else:
             with self.gpu.paused():
-                out = t.to(dtype=dtype or t.dtype, copy=True)
+                out = t.to(dtype=dtype or t.dtype, memory_format=fmt, copy=True)
         label = "parameters" if isinstance(t, nn.Parameter) else "inputs"
         self.engine.adopt([out], label, op="a tensor's move to the GPU (.to/.cuda)")
         return out
@@ -578,12 +603,15 @@ class _DeviceMode(TorchFunctionMode):
     def __init__(self, run: _Run):
         super().__init__()
         self.run = run
+        run.device_mode = self
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         run = self.run
         if func in _READS and args and run.on_device(args[0]):
             return run.read(func, _READS[func], args, kwargs)
+        if func in _DEVICE_ANSWERS and args and run.on_device(args[0]):
+            return _DEVICE_ANSWERS[func]  # x.device, x.is_cuda...: as on the GPU
         if func is _T.cuda:
             t = args[0]
             return run.to_device(t)
@@ -593,7 +621,13 @@ class _DeviceMode(TorchFunctionMode):
             return args[0]
         if func is _T.is_pinned:
             return False
-        if "device" in kwargs and _is_cuda(kwargs["device"]):
+        device = kwargs.get("device")
+        if device is None and _default_device.CURRENT_DEVICE is not None and \
+                func in _default_device._device_constructors():
+            # torch.set_default_device("cuda") / `with torch.device("cuda"):` in the script:
+            # its DeviceContext mode sits below this one and would fill in "cuda" next
+            device = _default_device.CURRENT_DEVICE
+        if _is_cuda(device):
             return run.make_on_device(func, args, kwargs)
         out = func(*args, **kwargs)
         if run.fake and isinstance(out, run._fake_type) and out.dtype == torch.bool:
@@ -623,11 +657,11 @@ class _DeviceMode(TorchFunctionMode):
         # (absent) accelerator for it
         rest, named = _ordinals_named(args[1:], kwargs)
         try:
-            device, dtype, _non_blocking, _fmt = torch._C._nn._parse_to(*rest, **named)
+            device, dtype, _non_blocking, fmt = torch._C._nn._parse_to(*rest, **named)
         except (TypeError, RuntimeError):
             return func(*args, **kwargs)  # not valid arguments: PyTorch's own error
         if _is_cuda(device):
-            return run.to_device(t, dtype)
+            return run.to_device(t, dtype, fmt)
         if _device_kind(device) == "cpu" and run.on_device(t) and \
                 run.called_from_user(sys._getframe(1)):
             # the user's code moving a GPU tensor to the host; a library's `.to(t.device)`
@@ -711,6 +745,8 @@ class _Patches:
             os.environ.update(saved)
 
         state.append((put_back_environ, environ))
+        # the script's torch.set_default_device("cuda"): its DeviceContext mode removed
+        state.append((torch.set_default_device, _default_device.CURRENT_DEVICE))
         state.append((os.chdir, os.getcwd()))
         # the legacy switch last, so that it is put back first and the fp32_precision values
         # after it (mixing the two APIs otherwise makes torch's legacy getters raise)
@@ -736,6 +772,9 @@ class _Patches:
             self._patch_save_and_compile()
             self._patch_loader()
             self._patch_module_to()
+            self._patch_module_moves()
+            self._patch_fake_device()
+            self._patch_data_parallel()
             self._patch_foreach()
             self._patch_distributed()
             if run.checkpoint_every:
@@ -888,6 +927,80 @@ class _Patches:
 
         self._set(nn.Module, "to", to)
 
+    def _patch_module_moves(self) -> None:
+        """A module's move (``.to``, ``.cuda``, ``.half``, ``.float``...) keeps its Parameter
+        objects, as on a GPU, where ``Module._apply`` sets ``param.data`` in place: so tied
+        weights stay tied, an optimizer built before ``.cuda()`` keeps its parameters, and a
+        second move finds fake parameters. A fake tensor cannot be put into a real Parameter
+        with ``.data =``, so each parameter takes its moved tensor's place with
+        ``torch.utils.swap_tensors`` (PyTorch's other in-place way, the one
+        ``torch.__future__.set_swap_module_params_on_conversion(True)`` selects; that switch
+        itself is not used: it also changes ``load_state_dict``). Buffers are replaced, as
+        ``Module._apply`` does on a GPU, and labelled "buffers"."""
+        run = self.run
+        original = nn.Module._apply
+
+        def _apply(module, fn, recurse=True):
+            if not run.fake:  # real tensors: PyTorch's own `param.data =` keeps them
+                out = original(module, fn, recurse)
+            else:
+                out = _apply_in_place(run, module, fn, recurse)
+            run.engine.relabel([b for b in module._buffers.values() if b is not None],
+                               "buffers")
+            return out
+
+        self._set(nn.Module, "_apply", _apply)
+        register = nn.Module.register_buffer
+
+        def register_buffer(module, name, tensor, persistent=True):
+            register(module, name, tensor, persistent)
+            if isinstance(tensor, torch.Tensor):  # made on the card (device=, default device)
+                run.engine.relabel([tensor], "buffers")
+
+        self._set(nn.Module, "register_buffer", register_buffer)
+
+    def _patch_fake_device(self) -> None:
+        """FakeTensor's own ``device`` property (which the TorchFunctionMode does not see)
+        answers "cuda:0" while the script's code runs, and its real (CPU) device inside the
+        planner, the fake mode and the engine, where the mode is not on the stack."""
+        run = self.run
+        if not run.fake:
+            return
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        original = FakeTensor.__dict__["device"]
+
+        def device(t):
+            return _CUDA0 if run.mode_is_on() else original.__get__(t)
+
+        self._set(FakeTensor, "device", property(device))
+
+    def _patch_data_parallel(self) -> None:
+        """``nn.DataParallel`` over the one card runs its module, as PyTorch's forward does
+        with one device (its scatter would copy to a real GPU); over more cards: refused."""
+        run = self.run
+        cls = nn.DataParallel
+        init = cls.__init__
+
+        def __init__(dp, module, device_ids=None, output_device=None, dim=0):  # noqa: N807
+            if device_ids is not None and len(device_ids) > 1:
+                raise PlanError(
+                    f"nn.DataParallel(device_ids={list(device_ids)!r}) splits each batch over "
+                    f"{len(device_ids)} GPUs in one process: the planner plans one card. Plan "
+                    "it with one GPU (DataParallel then runs the module itself: the memory of "
+                    "the card that holds the whole model, the gradients and the optimizer "
+                    "state), or use DistributedDataParallel and --ddp N", kind="ddp")
+            init(dp, module, device_ids, output_device, dim)
+            run.note("nn.DataParallel ran on the one virtual card: with one GPU it runs the "
+                     "module itself (PyTorch's DataParallel.forward); on N GPUs the first "
+                     "card also gathers the outputs")
+
+        def forward(dp, *inputs, **kwargs):
+            return dp.module(*inputs, **kwargs)
+
+        self._set(cls, "__init__", __init__)
+        self._set(cls, "forward", forward)
+
     def _patch_foreach(self) -> None:
         for module, name, value in foreach_patches(fake=self.run.fake):
             self._set(module, name, value)
@@ -951,6 +1064,63 @@ class _Patches:
 
 def _dtype_name(dtype) -> str:
     return str(dtype)
+
+
+def _apply_in_place(run: _Run, module: nn.Module, fn, recurse: bool) -> nn.Module:
+    """``nn.Module._apply`` (torch/nn/modules/module.py) for a module on the planner's card:
+    each parameter whose tensor ``fn`` changes (moved, cast, another memory format) keeps
+    its Python object, as ``param.data = fn(param)`` keeps it on a GPU; buffers are replaced
+    as PyTorch does."""
+    if recurse:
+        for child in module.children():
+            child._apply(fn)
+    for key, param in module._parameters.items():
+        if param is None:
+            continue
+        with torch.no_grad():
+            applied = fn(param)
+        if applied is param:  # already there (a second .to("cuda"), a tied weight)
+            continue
+        grad = param.grad
+        if grad is not None:
+            param.grad = None  # the gradient holds a use of the tensor: swap without it
+        if not _swap_in(run, param, applied):
+            param = nn.Parameter(applied, requires_grad=param.requires_grad)
+            module._parameters[key] = param
+            run.note("a parameter could not keep its object when it moved (something holds "
+                     "a weak reference to it): what refers to the old one (an optimizer, "
+                     "a tied weight) is not moved with it")
+        if grad is not None:
+            with torch.no_grad():
+                param.grad = fn(grad)
+    for key, buf in module._buffers.items():
+        if buf is not None:
+            module._buffers[key] = fn(buf)
+    return module
+
+
+def _swap_in(run: _Run, param: torch.Tensor, applied: torch.Tensor) -> bool:
+    """Make ``param`` (the same Python object) hold ``applied``'s tensor: its attributes
+    (``_is_param``, the script's own) kept. False when ``torch.utils.swap_tensors`` refuses
+    (a weak reference or another use of either tensor)."""
+    import weakref
+
+    applied.requires_grad_(param.requires_grad)
+    for name, value in param.__dict__.items():
+        applied.__dict__.setdefault(name, value)
+    applied._is_param = True
+    if run.fake_mode is not None and (weakref.getweakrefs(param) or
+                                      weakref.getweakrefs(applied)):
+        # the fake mode's converter memo keeps weak references to fake tensors it made (an
+        # operation on a fake tensor outside the fake mode adds one: requires_grad_ above)
+        memo = run.fake_mode.fake_tensor_converter.meta_converter.tensor_memo
+        for k in [k for k, ref in memo.data.items() if ref() is applied or ref() is param]:
+            del memo[k]
+    try:
+        torch.utils.swap_tensors(param, applied)
+    except RuntimeError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------- the plan
