@@ -416,6 +416,8 @@ class _Run:
 
     def read(self, func, what: str, args, kwargs):
         """A value read from a GPU tensor: a stand-in for fake tensors, listed either way."""
+        if self.fake and func is _T.item and hasattr(args[0], "_planner_value"):
+            return args[0]._planner_value  # a known value (GradScaler's found_inf: 0.0)
         where = self.user_line(sys._getframe(2))
         if self.strict and self.fake:
             raise PlanError(
@@ -656,16 +658,23 @@ class _DeviceMode(TorchFunctionMode):
         # a bare ordinal (.to(0), device=0) is a CUDA device; _parse_to would ask the
         # (absent) accelerator for it
         rest, named = _ordinals_named(args[1:], kwargs)
+        copy = bool(named.pop("copy", False))  # not one of _parse_to's arguments
+        if len(rest) > 3 and isinstance(rest[-1], bool):  # .to(device, dtype, nb, copy)
+            copy, rest = rest[-1], rest[:-1]
         try:
             device, dtype, _non_blocking, fmt = torch._C._nn._parse_to(*rest, **named)
         except (TypeError, RuntimeError):
             return func(*args, **kwargs)  # not valid arguments: PyTorch's own error
         if _is_cuda(device):
+            if copy and run.on_device(t):  # a copy on the card (GradScaler's per device)
+                return t.to(dtype=dtype or t.dtype, memory_format=fmt or torch.preserve_format,
+                            copy=True)
             return run.to_device(t, dtype, fmt)
         if _device_kind(device) == "cpu" and run.on_device(t) and \
                 run.called_from_user(sys._getframe(1)):
-            # the user's code moving a GPU tensor to the host; a library's `.to(t.device)`
-            # on a fake tensor (which reports "cpu") is a no-op, as it is on the GPU
+            # the user's code moving a GPU tensor to the host; a library's `.to("cpu")` on a
+            # card's tensor (foreach grouping's keys are the fake tensors' real device, the
+            # CPU) is a no-op, as `.to(t.device)` is on the GPU
             return run.read(func, "to('cpu')", args, kwargs)
         return func(*args, **kwargs)
 
@@ -775,6 +784,7 @@ class _Patches:
             self._patch_module_moves()
             self._patch_fake_device()
             self._patch_data_parallel()
+            self._patch_grad_scaler()
             self._patch_foreach()
             self._patch_distributed()
             if run.checkpoint_every:
@@ -1000,6 +1010,23 @@ class _Patches:
 
         self._set(cls, "__init__", __init__)
         self._set(cls, "forward", forward)
+
+    def _patch_grad_scaler(self) -> None:
+        """GradScaler's found-inf flags are on the card (``device=self._scale.device``, as
+        on a GPU): read for ``scaler.step``, they answer 0.0 (no inf/NaN gradient), so the
+        optimizer steps, as in a healthy run."""
+        if not self.run.fake:
+            return
+        cls = torch.amp.GradScaler
+        original = cls._unscale_grads_
+
+        def _unscale_grads_(scaler, *args, **kwargs):
+            per_device = original(scaler, *args, **kwargs)
+            for found_inf in per_device.values():
+                found_inf._planner_value = 0.0
+            return per_device
+
+        self._set(cls, "_unscale_grads_", _unscale_grads_)
 
     def _patch_foreach(self) -> None:
         for module, name, value in foreach_patches(fake=self.run.fake):
