@@ -565,6 +565,13 @@ class _Run:
                 f"the planner cannot run {name}{where}: {why}. Fake tensors have shapes but "
                 "no values. Plan the script with this line replaced by a fixed-shape "
                 "equivalent, or measure it on a real GPU.", kind="fake-op")
+        hint = ""
+        if isinstance(exc, AssertionError) and user is not None and re.search(
+                r"is_cuda|is_cpu|\.device\b|get_device\(", user.code):
+            hint = (" (in the planner, a tensor on the virtual card answers is_cuda, "
+                    ".device and get_device() as on a GPU, cuda:0; a tensor the script made "
+                    "on the host, without device='cuda', .cuda() or .to(device), answers "
+                    "cpu, as it would on a GPU)")
         lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
         # show the user's traceback: drop the planner's and runpy's frames before the script
         text_ = "".join(lines)
@@ -573,7 +580,7 @@ class _Run:
             text_ = "Traceback (most recent call last):\n  " + text_[start:]
         return PlanError(
             f"the script raised {type(exc).__name__}{where} before its "
-            f"{_nth(self.steps)} optimizer step: {exc}", kind="script", details=text_)
+            f"{_nth(self.steps)} optimizer step: {exc}{hint}", kind="script", details=text_)
 
 
 def _nth(n: int) -> str:
