@@ -16,6 +16,13 @@ How it works (the "device-scoped full scale" of the kit's memory engine):
   compute. Operations on fake tensors make fake tensors, which the engine counts as GPU
   memory (``Engine.propagate``). Host tensors (the DataLoader's batches, Adam's step
   counters) stay real and are not counted, as on a real GPU.
+* A module's move keeps its Parameter objects, as on a GPU (``torch.utils.swap_tensors``
+  where CUDA's ``Module._apply`` sets ``param.data``): tied weights stay tied, an optimizer
+  built before ``.cuda()`` keeps its parameters, ``.cuda().half()`` and repeated moves work.
+  Tensors on the card answer ``.device`` (``cuda:0``), ``.is_cuda`` and ``.get_device()`` as
+  on a GPU, so ``torch.zeros(n, device=x.device)`` is made on the card;
+  ``torch.set_default_device("cuda")`` and ``with torch.device("cuda"):`` put tensors made
+  without ``device=`` on the card. ``nn.DataParallel`` over the one card runs its module.
 * ``torch.autocast("cuda")`` runs as CPU autocast with the same dtype (the op lists differ:
   the ops whose dtype would differ on CUDA are listed); ``GradScaler("cuda")`` works; Adam
   and gradient clipping take their ``foreach`` paths, as on CUDA.
@@ -34,9 +41,7 @@ it re-runs the script only for the batch-size search (``batch_arg``) and for eac
 What it cannot see (say so, and leave a margin): cuDNN/cuBLAS workspaces, the CUDA context
 (a fixed ``context`` allowance is added, 500 MiB by default), other processes on the card,
 fragmentation over a long run, kernels that exist only on CUDA (flash attention saves less
-than the CPU's math path), NCCL's buffers, and tensors the script makes with
-``device=t.device`` of a GPU tensor (they are seen as host tensors, because fake tensors
-report ``cpu``).
+than the CPU's math path), and NCCL's buffers.
 """
 
 from __future__ import annotations
