@@ -677,6 +677,8 @@ class _DeviceMode(TorchFunctionMode):
             device, dtype, _non_blocking, fmt = torch._C._nn._parse_to(*rest, **named)
         except (TypeError, RuntimeError):
             return func(*args, **kwargs)  # not valid arguments: PyTorch's own error
+        if rest and isinstance(rest[0], torch.Tensor) and run.on_device(rest[0]):
+            device = _CUDA0  # .to(other): other's device and dtype, the card here
         if _is_cuda(device):
             if copy and run.on_device(t):  # a copy on the card (GradScaler's per device)
                 return t.to(dtype=dtype or t.dtype, memory_format=fmt or torch.preserve_format,
@@ -1138,6 +1140,14 @@ def _apply_in_place(run: _Run, module: nn.Module, fn, recurse: bool) -> nn.Modul
     return module
 
 
+def _fake_tensor_keys(run: _Run) -> frozenset:
+    """The attributes a FakeTensor keeps in its ``__dict__`` (its fake mode, device, memos)
+    and the planner's own: not carried over to what replaces a fake parameter."""
+    with run.fake_mode:
+        probe = torch.empty(0, device="cpu")
+    return frozenset([*probe.__dict__, "_planner_truth", "_planner_value"])
+
+
 def _swap_in(run: _Run, param: torch.Tensor, applied: torch.Tensor) -> bool:
     """Make ``param`` (the same Python object) hold ``applied``'s tensor: its attributes
     (``_is_param``, the script's own) kept. False when ``torch.utils.swap_tensors`` refuses
@@ -1145,8 +1155,11 @@ def _swap_in(run: _Run, param: torch.Tensor, applied: torch.Tensor) -> bool:
     import weakref
 
     applied.requires_grad_(param.requires_grad)
-    for name, value in param.__dict__.items():
-        applied.__dict__.setdefault(name, value)
+    internal = _fake_tensor_keys(run) if run.fake_mode is not None and \
+        isinstance(param, run._fake_type) else ()
+    for name, value in param.__dict__.items():  # the script's own attributes, if any
+        if name not in internal:
+            applied.__dict__.setdefault(name, value)
     applied._is_param = True
     if run.fake_mode is not None and (weakref.getweakrefs(param) or
                                       weakref.getweakrefs(applied)):

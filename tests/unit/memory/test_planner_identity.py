@@ -182,13 +182,17 @@ p = next(model.parameters())
 assert p.is_cuda and not p.is_cpu and p.get_device() == 0
 assert p.device == torch.device("cuda", 0) and p.device.type == "cuda"
 assert torch.ones(2).device.type == "cpu" and not torch.ones(2).is_cuda
+p.tag = "kept"
+model.half().float()  # the same Parameter object, its attribute with it
+assert next(model.parameters()) is p and p.tag == "kept" and p.dtype == torch.float32
 keep = torch.zeros(1 << 20, device=p.device)
 opt = torch.optim.Adam(model.parameters())
 for _ in range(3):
     x = torch.randn(8, 64, device="cuda")
     assert x.is_cuda and x.device.type == "cuda" and str(x.device) == "cuda:0"
     bias = torch.ones(64).to(x.device)
-    loss = (model(x) + bias).sum()
+    scale = torch.ones(8, 64).to(x)
+    loss = (model(x * scale) + bias).sum()
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -196,9 +200,9 @@ for _ in range(3):
 
 
 def test_tensors_on_the_card_answer_as_on_a_gpu(tmp_path):
-    """``x.is_cuda``, ``x.device`` (``cuda:0``), ``get_device()``; and a tensor made with
-    ``device=p.device`` is on the card: 4 MiB more than without it (main counted it as a
-    host tensor, and its asserts failed)."""
+    """``x.is_cuda``, ``x.device`` (``cuda:0``), ``get_device()``; ``.to(x.device)`` and
+    ``.to(x)`` move to the card; and a tensor made with ``device=p.device`` is on the card:
+    4 MiB more than without it (main counted it as a host tensor, and its asserts failed)."""
     with_keep = same_as_real(write(tmp_path, DEVICE, "keep.py"))
     without = will_it_fit(write(tmp_path, DEVICE.replace(
         "torch.zeros(1 << 20, device=p.device)", "None"), "nokeep.py"))
