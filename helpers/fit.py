@@ -58,7 +58,8 @@ per parameter on top of ~240 MB for torch and the kit (measured with tests/plann
 transformer_lm.py: 163 M parameters, peak RSS 0.97 GB; 406 M parameters, 1.94 GB). A 1 B-
 parameter model needs ~5 GB of RAM to plan, a 7 B model ~30 GB: plan it on such a machine.
 
-exit status: 0 fits the --gpu card (inside the margin too), 1 does not fit, 2 bad input, 3 could not be planned.
+exit status: 0 fits the --gpu card (inside the margin too), 1 does not fit, 2 bad input,
+3 could not be planned.
 """
 
 
