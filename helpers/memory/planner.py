@@ -24,10 +24,14 @@ How it works (the "device-scoped full scale" of the kit's memory engine):
   ``isfinite``, zeros for a tensor copied to the host), and each file and line that asked is
   listed (``strict=True`` stops at the first one). ``torch.save`` is skipped
   and listed; DataLoaders run with ``num_workers=0`` and without pinned memory.
-* The run stops cleanly after the script's ``steps``-th optimizer step (default 2: Adam's
-  state exists from the first step, so the second is the steady state).
+* The run stops cleanly when every optimizer the script made has taken ``steps`` steps
+  (default 2: Adam's state exists from the first step, so the second is the steady state; a
+  GAN's generator and discriminator both get theirs). An optimizer that does not step
+  within ``max_forwards`` forward passes of the others' last step is not waited for.
 
-It measures once, with no limit, and compares the peak with every card in ``KNOWN_GPUS``;
+It measures once, with no limit, and judges every card in ``KNOWN_GPUS`` on the caching
+allocator's peak *reserved* bytes + the context (+ DDP's buckets), with a margin (default
+max(15 %, 2 GiB) of the card): "fits", "fits, inside the margin" or "out of memory";
 it re-runs the script only for the batch-size search (``batch_arg``) and for each fix
 (``amp``, ``checkpoint_every``).
 
@@ -84,12 +88,18 @@ SLURM_FEATURES = {"T4": "t4", "V100-16GB": "v100_16gb", "V100-32GB": "v100_32gb"
                   "A100-80GB": "a100_80gb", "H200": "h200"}
 
 #: host memory a CUDA process holds beyond what the planner measures on a CPU: the CUDA
-#: runtime, cuBLAS and cuDNN loaded and initialised (an allowance for ``--mem``)
-CUDA_HOST_BYTES = 3 * GiB
+#: runtime, cuBLAS and cuDNN loaded and initialised. An allowance for ``--mem``, not measured
+#: here (no GPU): reports put it at 1.2 GB of RSS added by the first CUDA use
+#: (pytorch/pytorch#106511, torch 2.0) and 1.1 GB at the first ``.to("cuda")`` + 0.6 GB at
+#: the first cuDNN convolution (pytorch/pytorch#12873); 2 GiB covers both
+CUDA_HOST_BYTES = 2 * GiB
 
-#: host memory per DataLoader worker (a forked copy of the main process; its own pages grow
-#: with what it touches of the data set): an allowance for ``--mem``
-WORKER_HOST_BYTES = 1 * GiB
+#: host memory per DataLoader worker, an allowance for ``--mem``: a worker is a forked copy
+#: of the main process, and only the pages it writes are its own. Measured on this kit's CPU
+#: machine: 47 MiB of its own (USS; RSS 219 MiB, mostly shared) for a synthetic image data
+#: set; workers that decode images or touch Python objects of a large data set (copy-on-read
+#: of reference counts) own much more: 512 MiB each
+WORKER_HOST_BYTES = 512 * MiB
 
 #: ops that CUDA autocast runs in float32 (PyTorch's AMP docs: "CUDA Ops that can autocast to
 #: float32"); on the CPU some of them stay in bfloat16/float16, so the plan lists them
@@ -1391,6 +1401,8 @@ class Plan(ShownAsTable):
                       "would run", f"# {self.ddp} independent copies: make it a DDP script "
                       "first (lesson 03); this request is for one GPU"]
         major, minor = COMPUTE_CAPABILITY[fit.card]
+        # torch.cuda.is_bf16_supported(): native bf16 from compute capability 8.0; below it
+        # only "including_emulation" (torch/cuda/__init__.py)
         if self.uses_bf16 and (major, minor) < (8, 0):
             lines += ["", f"# NOTE: the script computes in bfloat16, and the {fit.card} "
                       f"(compute capability {major}.{minor}) has no bfloat16 tensor cores",
@@ -1399,6 +1411,7 @@ class Plan(ShownAsTable):
         lines += ["", f"{'source .venv/bin/activate':<{width}}# SITE: your environment "
                   "(or `module load` / `conda activate` your site's PyTorch); a pip "
                   "torch brings its own CUDA",
+                  # SLURM 22.05's release notes: srun no longer reads SLURM_CPUS_PER_TASK
                   "# srun does not pass --cpus-per-task on to the step since SLURM 22.05:",
                   f"srun --cpus-per-task=$SLURM_CPUS_PER_TASK {launch}"]
         return "\n".join(lines) + "\n"
