@@ -1292,13 +1292,14 @@ class Plan(ShownAsTable):
                 phase = _PHASE_TEXT.get(c.oom_phase, "")
                 out.append(f"  {c.card}: out of memory {phase} at {c.oom_at}".replace(
                     "  at", " at"))
-        if self.fixes:
+        if self.fixes or self.fix_notes:
             out.append("")
             out.append("Predicted peak with fixes the planner applied (script unchanged):")
-            for name, peak in self.fixes.items():
+            for name in {**self.fixes, **self.fix_notes}:
                 if name in self.fix_notes:
                     out.append(f"  {name:<28} {self.fix_notes[name]}")
                     continue
+                peak = self.fixes[name]
                 change = (peak - self.peak_allocated_bytes) / self.peak_allocated_bytes
                 reserved = self.fixes_reserved.get(name)
                 needs = "" if reserved is None else \
@@ -1706,10 +1707,18 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
         plan.fixes_reserved[f"--amp {amp}"] = r.gpu.peak_reserved_bytes
     if checkpoint_every is not None:
         name = f"--checkpoint-every {checkpoint_every}"
-        r = run_once(args, ckpt=checkpoint_every, quiet=True)
-        plan.fixes[name] = r.gpu.peak_allocated_bytes
-        plan.fixes_reserved[name] = r.gpu.peak_reserved_bytes
-        if r.n_checkpointed == 0:
+        try:
+            r = run_once(args, ckpt=checkpoint_every, quiet=True)
+        except PlanError as exc:  # e.g. an in-place op at a segment's edge: the plan stands
+            r = None
+            why = (" (an in-place operation, such as ReLU(inplace=True), at the edge of a "
+                   "checkpointed segment breaks its recomputation)"
+                   if "inplace operation" in str(exc) else "")
+            plan.fix_notes[name] = f"could not be applied (no prediction): {exc}{why}"
+        if r is not None:
+            plan.fixes[name] = r.gpu.peak_allocated_bytes
+            plan.fixes_reserved[name] = r.gpu.peak_reserved_bytes
+        if r is not None and r.n_checkpointed == 0:
             plan.fix_notes[name] = (
                 "nothing was wrapped: no nn.Sequential with 2 or more children ran in "
                 "training mode (a model built from an nn.ModuleList, such as most "

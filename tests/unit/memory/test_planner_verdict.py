@@ -238,6 +238,16 @@ def test_checkpoint_every_says_when_nothing_was_wrapped(tmp_path):
     assert "--checkpoint-every 2" not in wrapped.fix_notes
 
 
+def test_a_fix_that_cannot_run_leaves_the_plan_standing(in_tmp):
+    """The GAN's ReLU(inplace=True) at a segment's edge breaks checkpoint_sequential's
+    recomputation: the plan is still made, and the fix says why it has no prediction."""
+    plan = will_it_fit(GAN, checkpoint_every=2)
+    assert "--checkpoint-every 2" not in plan.fixes
+    note = plan.fix_notes["--checkpoint-every 2"]
+    assert note.startswith("could not be applied") and "in-place" in note
+    assert "could not be applied" in plan.text()
+
+
 # ------------------------------------------------------------------------- slurm
 def test_slurm_tells_the_memory_sizes_apart_and_says_what_is_site(tmp_path):
     plan = will_it_fit(write(tmp_path, MLP))
