@@ -761,6 +761,24 @@ def _slurm_time(value) -> str:
     return value
 
 
+def _default_device_mode():
+    """The device of the DeviceContext mode that ``torch.set_default_device`` or ``with
+    torch.device(...)`` put at the bottom of the TorchFunctionMode stack, or None. (Not
+    ``torch.utils._device.CURRENT_DEVICE``: ``torch.utils.checkpoint``'s recomputation
+    re-enters the DeviceContext, which leaves that variable stale after it is removed.)"""
+    for i in range(torch._C._len_torch_function_stack()):
+        mode = torch._C._get_function_stack_at(i)
+        if isinstance(mode, _default_device.DeviceContext):
+            return mode.device
+    return None
+
+
+def _put_back_default_device(saved) -> None:
+    device, current = saved
+    torch.set_default_device(device)
+    _default_device.CURRENT_DEVICE = current
+
+
 def _nth(n: int) -> str:
     return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
 
@@ -809,11 +827,10 @@ class _DeviceMode(TorchFunctionMode):
         if func is _T.is_pinned:
             return False
         device = kwargs.get("device")
-        if device is None and _default_device.CURRENT_DEVICE is not None and \
-                func in _default_device._device_constructors():
+        if device is None and func in _default_device._device_constructors():
             # torch.set_default_device("cuda") / `with torch.device("cuda"):` in the script:
             # its DeviceContext mode sits below this one and would fill in "cuda" next
-            device = _default_device.CURRENT_DEVICE
+            device = _default_device_mode()
         if _is_cuda(device):
             return run.make_on_device(func, args, kwargs)
         out = func(*args, **kwargs)
@@ -942,7 +959,8 @@ class _Patches:
 
         state.append((put_back_environ, environ))
         # the script's torch.set_default_device("cuda"): its DeviceContext mode removed
-        state.append((torch.set_default_device, _default_device.CURRENT_DEVICE))
+        state.append((_put_back_default_device, (_default_device_mode(),
+                                                 _default_device.CURRENT_DEVICE)))
         state.append((os.chdir, os.getcwd()))
         # the legacy switch last, so that it is put back first and the fp32_precision values
         # after it (mixing the two APIs otherwise makes torch's legacy getters raise)

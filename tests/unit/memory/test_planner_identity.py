@@ -8,6 +8,7 @@ on the card answer ``device``/``is_cuda`` as on a GPU; the default device; buffe
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,11 +155,17 @@ def test_module_moves_that_crashed_now_plan(idiom, tmp_path):
     assert plan.stopped == "steps"
 
 
-def test_the_default_device_is_put_back(tmp_path):
-    will_it_fit(write(tmp_path, MODEL.format(build=IDIOMS["set_default_device"][0])))
-    assert torch.zeros(1).device.type == "cpu"
-    assert torch.get_default_device() == torch.device("cpu")
-    assert not torch.__future__.get_swap_module_params_on_conversion()
+def test_the_default_device_is_put_back(tmp_path, monkeypatch):
+    """Also after torch.utils.checkpoint, whose recomputation re-enters the script's
+    DeviceContext (tests/planner_scripts/default_device.py checkpoints a block)."""
+    monkeypatch.chdir(tmp_path)
+    script = Path(__file__).resolve().parents[2] / "planner_scripts" / "default_device.py"
+    for fake in (True, False):
+        will_it_fit(str(script), fake=fake)
+        assert torch.zeros(1).device.type == "cpu"
+        assert torch.get_default_device() == torch.device("cpu")
+        assert torch.utils._device.CURRENT_DEVICE is None
+        assert torch._C._len_torch_function_stack() == 0
 
 
 def test_data_parallel_over_several_gpus_is_refused(tmp_path):
