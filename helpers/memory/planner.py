@@ -723,7 +723,7 @@ class _DeviceMode(TorchFunctionMode):
         cpu = cuda_dispatch.cpu_sdpa_backend(dict(a, query=q, key=k, value=v))
         mask = "no mask" if a["attn_mask"] is None else "a mask"
         detail = (f"{cuda_dispatch._dt(q.dtype)}, head {q.shape[-1]}, "
-                  f"{'causal' if a['is_causal'] else mask}, dropout {dropout:g}, on an "
+                  f"{'causal' if a['is_causal'] else mask}, dropout {dropout:g}, on the "
                   f"{run.card} (sm{cc[0]}{cc[1]}); the CPU would use its "
                   f"{cuda_dispatch.SDPA_BACKENDS[cpu]}")
         if why:
@@ -750,6 +750,10 @@ class _DeviceMode(TorchFunctionMode):
                         and w.requires_grad), None)
         if not torch.is_grad_enabled() or (carrier is None and not x.requires_grad):
             return _NOT_MODELLED  # nothing to go back through: cuDNN keeps no reserve
+        if not torch.backends.cudnn.enabled:
+            self._record(name, "PyTorch's native RNN (cudnn.enabled is False)",
+                         "the CPU's kernel stands in for it")
+            return _NOT_MODELLED
         steps_batch = x.shape[0] if packed or x.dim() < 3 else x.shape[0] * x.shape[1]
         bidirectional = bool(args[params_at + 5])
         dirs = 2 if bidirectional else 1
@@ -856,7 +860,8 @@ class _Patches:
                  (lambda v: torch.use_deterministic_algorithms(*v),
                   (torch.are_deterministic_algorithms_enabled(),
                    torch.is_deterministic_algorithms_warn_only_enabled()))]
-        for owner, name in ((torch.backends.cudnn, "benchmark"),
+        for owner, name in ((torch.backends.cudnn, "enabled"),
+                            (torch.backends.cudnn, "benchmark"),
                             (torch.backends.cudnn, "deterministic"),
                             (torch.backends.cuda.matmul, "fp32_precision"),
                             (torch.backends.cudnn.conv, "fp32_precision"),

@@ -1,7 +1,8 @@
 """A sequence classifier with a stacked LSTM, in the pytorch/examples style.
 
 Style: ``nn.Embedding`` -> 2-layer ``nn.LSTM(batch_first=True, dropout=...)`` ->
-``nn.Linear`` on the last step's output, ``model.to(device)`` with
+``nn.Linear`` on the last step's output, ``--no-cudnn`` (``torch.backends.cudnn.enabled =
+False``, as for bitwise-reproducible runs), ``model.to(device)`` with
 ``device = torch.device("cuda" if torch.cuda.is_available() else "cpu")``, Adam, gradient
 clipping (``clip_grad_norm_``), token ids and labels made in a ``TensorDataset`` and a
 ``DataLoader``, ``--bidirectional``.
@@ -42,8 +43,10 @@ def main():
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--samples", type=int, default=64)
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--no-cudnn", action="store_true")
     args = p.parse_args()
 
+    torch.backends.cudnn.enabled = not args.no_cudnn
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     data = TensorDataset(torch.randint(args.vocab, (args.samples, args.seq_len)),

@@ -3,7 +3,8 @@
 Style: ``nn.TransformerEncoder`` of ``nn.TransformerEncoderLayer(batch_first=True)`` (whose
 ``nn.MultiheadAttention`` calls ``F.scaled_dot_product_attention`` with ``dropout_p`` > 0 in
 training) plus one layer written out with ``F.scaled_dot_product_attention(dropout_p=...)``,
-``--amp bf16|fp16|off`` autocast (a ``GradScaler`` for fp16), AdamW, token ids generated on
+``--amp bf16|fp16|off`` autocast (a ``GradScaler`` for fp16), ``--sdpa-backend`` to pin
+the attention kernel with ``torch.nn.attention.sdpa_kernel``, AdamW, token ids generated on
 the host and moved with ``.to(device)``.
 
     python sdpa_dropout.py                                    # small, fast
@@ -12,10 +13,12 @@ the host and moved with ``.to(device)``.
 """
 
 import argparse
+import contextlib
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 class SelfAttention(nn.Module):
@@ -65,6 +68,8 @@ def main():
     p.add_argument("--vocab", type=int, default=1000)
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--amp", choices=["bf16", "fp16", "off"], default="bf16")
+    p.add_argument("--sdpa-backend", choices=["auto", "math", "efficient", "flash"],
+                   default="auto")
     p.add_argument("--steps", type=int, default=5)
     args = p.parse_args()
 
@@ -75,6 +80,15 @@ def main():
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
     scaler = torch.amp.GradScaler("cuda", enabled=args.amp == "fp16")
+    backends = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "flash": SDPBackend.FLASH_ATTENTION}
+    pinned = sdpa_kernel(backends[args.sdpa_backend]) if args.sdpa_backend != "auto" \
+        else contextlib.nullcontext()
+    with pinned:
+        train(model, optimizer, scaler, dtype, args, device)
+
+
+def train(model, optimizer, scaler, dtype, args, device):
     for step in range(args.steps):
         tokens = torch.randint(args.vocab, (args.batch_size, args.seq_len)).to(device)
         labels = torch.randint(10, (args.batch_size,)).to(device)
