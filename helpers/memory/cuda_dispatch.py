@@ -40,7 +40,7 @@ import math
 
 import torch
 
-__all__ = ["Dispatch", "sdpa_backend", "run_sdpa", "autocast_policy", "run_autocast",
+__all__ = ["Dispatch", "sdpa_backend", "prepare_mask", "run_sdpa", "autocast_policy", "run_autocast",
            "rnn_reserve_bytes", "CUDA_FP32_OPS", "CUDA_FP32_OUT_OPS", "CUDA_PROMOTE_OPS",
            "CUDA_ONLY_LOWER_OPS", "CPU_ONLY_FP32_OPS", "SDPA_BACKENDS"]
 
@@ -278,36 +278,45 @@ def _repeat_kv(query, key, value):
     return key, value
 
 
+def prepare_mask(backend: str, query, key, attn_mask):
+    """The mask as attention.cpp hands it to the fused kernels: a boolean mask becomes an
+    additive one of the query's type (``convert_boolean_attn_mask``), expanded to
+    (batch, heads, L, S)."""
+    if backend not in ("efficient", "cudnn") or attn_mask is None:
+        return attn_mask
+    if attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
+            attn_mask.logical_not(), float("-inf"))
+    return attn_mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+
+
 def run_sdpa(backend: str, query, key, value, attn_mask=None, dropout_p=0.0,
              is_causal=False, scale=None, enable_gqa=False):
     """Run ``scaled_dot_product_attention`` with ``backend``'s aten op (attention.cpp's
-    ``scaled_dot_product_attention`` for CUDA), returning its output.
+    ``scaled_dot_product_attention`` for CUDA). Returns the op's device outputs: ``(out,
+    logsumexp)`` for a fused backend, ``(out, attention weights)`` for the math path.
 
-    The ops' meta kernels give CUDA's outputs (out, log-sum-exp, RNG seed and offset) and
-    their autograd nodes save exactly those; the math path keeps the attention matrix (and
-    dropout's mask) as CUDA's math kernel does.
+    The ops' meta kernels give CUDA's outputs and their autograd nodes save what CUDA's
+    save. The fused kernels' RNG seed and offset are host tensors on CUDA (attention.cu
+    makes them with ``at::scalar_tensor`` outside graph capture): they are not returned
+    here, and the caller leaves them uncounted. ``attn_mask`` comes from
+    :func:`prepare_mask`.
     """
     aten = torch.ops.aten
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     if backend == "flash":
         return aten._scaled_dot_product_flash_attention(
-            query, key, value, dropout_p, is_causal, False, scale=scale)[0]
-    if backend in ("efficient", "cudnn") and attn_mask is not None:
-        if attn_mask.dtype == torch.bool:  # attention.cpp convert_boolean_attn_mask
-            attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
-                attn_mask.logical_not(), float("-inf"))
-        attn_mask = attn_mask.expand(query.shape[0], query.shape[1], query.shape[2],
-                                     key.shape[2])
+            query, key, value, dropout_p, is_causal, False, scale=scale)[:2]
     if backend == "cudnn":
         return aten._scaled_dot_product_cudnn_attention(
-            query, key, value, attn_mask, grad, dropout_p, is_causal, False, scale=scale)[0]
+            query, key, value, attn_mask, grad, dropout_p, is_causal, False, scale=scale)[:2]
     if backend == "efficient":
         return aten._scaled_dot_product_efficient_attention(
-            query, key, value, attn_mask, grad, dropout_p, is_causal, scale=scale)[0]
+            query, key, value, attn_mask, grad, dropout_p, is_causal, scale=scale)[:2]
     if enable_gqa:
         key, value = _repeat_kv(query, key, value)
     return aten._scaled_dot_product_attention_math(
-        query, key, value, attn_mask, dropout_p, is_causal, scale=scale)[0]
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
 
 
 def sdpa_args(args, kwargs) -> dict:

@@ -731,8 +731,18 @@ class _DeviceMode(TorchFunctionMode):
         self._record("scaled_dot_product_attention",
                      f"CUDA's {cuda_dispatch.SDPA_BACKENDS[backend]}", detail)
         with torch.autocast("cpu", enabled=False):
-            return cuda_dispatch.run_sdpa(backend, q, k, v, a["attn_mask"], dropout,
-                                          a["is_causal"], a["scale"], a["enable_gqa"])
+            mask = cuda_dispatch.prepare_mask(backend, q, k, a["attn_mask"])
+            call = (backend, q, k, v, mask, dropout, a["is_causal"], a["scale"],
+                    a["enable_gqa"])
+            if backend == "math":
+                return cuda_dispatch.run_sdpa(*call)[0]
+            # the fused kernels' RNG seed and offset live on the host: count only the
+            # output and the log-sum-exp
+            with run.gpu.paused():
+                out, lse = cuda_dispatch.run_sdpa(*call)
+            run.engine.adopt([out, lse], "activations and temporaries",
+                             op=f"aten.scaled_dot_product_attention ({backend})")
+            return out
 
     def _rnn(self, func, args, kwargs):
         """cuDNN's RNN: the CPU's kernel gives the outputs, and a reserve space of the
