@@ -33,9 +33,15 @@ examples:
   python -m helpers.fit train.py --amp bf16 --checkpoint-every 2 --ddp 4 --slurm
   python -m helpers.fit train.py --gpu T4 -- --steps 100   (script options after --)
 
+run as CUDA would (each call listed under "Run as CUDA would"): attention
+(F.scaled_dot_product_attention, nn.MultiheadAttention) takes the backend CUDA picks for the
+--gpu card (cuDNN, flash, memory-efficient or math) and keeps what it keeps; under autocast,
+the ops CUDA runs in float32 (GroupNorm, LayerNorm, losses, softmax...) are counted so;
+nn.LSTM/GRU/RNN keep a lower bound of cuDNN's reserve space (its exact size needs a GPU).
+
 what it cannot see (leave a margin of 10-15 %): cuDNN/cuBLAS workspaces, the real CUDA
 context (a fixed --context is added), other processes on the card, fragmentation over a long
-run, CUDA-only kernels (flash attention), NCCL's buffers.
+run, custom CUDA kernels (flash-attn, apex, Triton), NCCL's buffers.
 
 exit status: 0 fits the --gpu card, 1 does not fit, 2 bad input, 3 could not be planned.
 """

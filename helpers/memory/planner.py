@@ -16,9 +16,17 @@ How it works (the "device-scoped full scale" of the kit's memory engine):
   compute. Operations on fake tensors make fake tensors, which the engine counts as GPU
   memory (``Engine.propagate``). Host tensors (the DataLoader's batches, Adam's step
   counters) stay real and are not counted, as on a real GPU.
-* ``torch.autocast("cuda")`` runs as CPU autocast with the same dtype (the op lists differ:
-  the ops whose dtype would differ on CUDA are listed); ``GradScaler("cuda")`` works; Adam
-  and gradient clipping take their ``foreach`` paths, as on CUDA.
+* ``torch.autocast("cuda")`` runs as CPU autocast with the same dtype, and the ops whose
+  type CUDA's autocast sets otherwise (its float32 list: GroupNorm, LayerNorm, the losses,
+  softmax...; its "promote" list; ``einsum`` and the other ops only CUDA casts down) run as
+  on CUDA, so their bytes are in the peak; ``GradScaler("cuda")`` works; Adam and gradient
+  clipping take their ``foreach`` paths, as on CUDA.
+* Where CUDA's kernels keep other memory than the CPU's (:mod:`.cuda_dispatch`), fake runs
+  take CUDA's: ``scaled_dot_product_attention`` (also in ``nn.MultiheadAttention``) runs
+  the backend CUDA would pick for the chosen card (cuDNN, flash, memory-efficient or math,
+  by PyTorch's sdp_utils.cpp rules) with that backend's own op, so no L x L matrix is kept
+  where CUDA keeps none; ``nn.LSTM``/``GRU``/``RNN`` keep a lower bound of cuDNN's reserve
+  space until backward. The plan lists each call and the model used (``Plan.dispatch``).
 * Values read from GPU tensors (``loss.item()``, ``print(loss)``, ``if torch.isnan(loss)``)
   get stand-in values (1.0 or 1 for a number, ``False`` for a truth value but ``True`` for
   ``isfinite``, zeros for a tensor copied to the host), and each file and line that asked is
@@ -33,8 +41,9 @@ it re-runs the script only for the batch-size search (``batch_arg``) and for eac
 
 What it cannot see (say so, and leave a margin): cuDNN/cuBLAS workspaces, the CUDA context
 (a fixed ``context`` allowance is added, 500 MiB by default), other processes on the card,
-fragmentation over a long run, kernels that exist only on CUDA (flash attention saves less
-than the CPU's math path), NCCL's buffers, and tensors the script makes with
+fragmentation over a long run, cuDNN's exact RNN reserve size (a lower bound is counted),
+custom CUDA kernels (flash-attn, apex, Triton), NCCL's buffers, and tensors the script makes
+with
 ``device=t.device`` of a GPU tensor (they are seen as host tensors, because fake tensors
 report ``cpu``).
 """
@@ -1275,6 +1284,9 @@ class Plan(ShownAsTable):
                 out.append(f"  {line or '(library)'}")
         if self.dispatch:
             out.append("Run as CUDA would (the CPU's kernels keep other memory):")
+            if any(d.op == "scaled_dot_product_attention" for d in self.dispatch):
+                out.append(f"  (attention's backend is the {self.card}'s; another card may "
+                           "take another: plan it with --gpu)")
             for d in self.dispatch:
                 out.append(f"  {d.text()}")
         if self.notes:
