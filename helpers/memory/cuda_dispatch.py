@@ -40,9 +40,9 @@ import math
 
 import torch
 
-__all__ = ["Dispatch", "sdpa_backend", "prepare_mask", "run_sdpa", "autocast_policy", "run_autocast",
-           "rnn_reserve_bytes", "CUDA_FP32_OPS", "CUDA_FP32_OUT_OPS", "CUDA_PROMOTE_OPS",
-           "CUDA_ONLY_LOWER_OPS", "CPU_ONLY_FP32_OPS", "SDPA_BACKENDS"]
+__all__ = ["Dispatch", "sdpa_backend", "prepare_mask", "run_sdpa", "autocast_policy",
+           "run_autocast", "rnn_reserve_bytes", "CUDA_FP32_OPS", "CUDA_FP32_OUT_OPS",
+           "CUDA_PROMOTE_OPS", "CUDA_ONLY_LOWER_OPS", "CPU_ONLY_FP32_OPS", "SDPA_BACKENDS"]
 
 _LOW = (torch.bfloat16, torch.float16)
 
