@@ -42,7 +42,8 @@ import torch
 
 __all__ = ["Dispatch", "sdpa_backend", "prepare_mask", "run_sdpa", "autocast_policy",
            "run_autocast", "rnn_reserve_bytes", "CUDA_FP32_OPS", "CUDA_FP32_OUT_OPS",
-           "CUDA_PROMOTE_OPS", "CUDA_ONLY_LOWER_OPS", "CPU_ONLY_FP32_OPS", "SDPA_BACKENDS"]
+           "CUDA_PROMOTE_OPS", "CUDA_ONLY_LOWER_OPS", "CPU_ONLY_FP32_OPS", "CPU_FP32_TOO",
+           "SDPA_BACKENDS"]
 
 _LOW = (torch.bfloat16, torch.float16)
 
@@ -77,6 +78,16 @@ addmv addr einsum mv chain_matmul multi_dot lstm_cell gru_cell rnn_tanh_cell rnn
 CPU_ONLY_FP32_OPS = frozenset("""
 avg_pool3d max_pool3d adaptive_avg_pool3d adaptive_max_pool3d max_unpool2d max_unpool3d
 polar quantile nanquantile stft trace
+""".split())
+
+#: ops of CUDA's float32 lists that CPU autocast runs in float32 too (its fp32 list in
+#: autocast_mode.cpp; checked on this torch: a bfloat16 input gives a float32 output), so
+#: nothing differs: the losses, ``cdist`` and ``prod``
+CPU_FP32_TOO = frozenset("""
+mse_loss l1_loss smooth_l1_loss huber_loss cross_entropy nll_loss kl_div
+binary_cross_entropy_with_logits soft_margin_loss multi_margin_loss multilabel_margin_loss
+hinge_embedding_loss poisson_nll_loss margin_ranking_loss cosine_embedding_loss
+triplet_margin_loss cdist prod
 """.split())
 
 #: the SDPA backends in the order CUDA tries them (sdp_utils.cpp select_sdp_backend)
@@ -348,6 +359,8 @@ def cpu_sdpa_backend(a: dict) -> str:
 def autocast_policy(name: str) -> str | None:
     """What CUDA autocast does with the op named ``name`` where CPU autocast does otherwise:
     ``"fp32"``, ``"fp32_out"``, ``"promote"``, ``"lower"``, ``"as_is"`` or None (the same)."""
+    if name in CPU_FP32_TOO:
+        return None
     if name in CUDA_FP32_OUT_OPS:
         return "fp32_out"
     if name in CUDA_FP32_OPS:

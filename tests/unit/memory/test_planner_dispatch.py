@@ -123,7 +123,8 @@ def test_the_diffusion_script_counts_groupnorm_in_float32(in_tmp):
     path = str(SCRIPTS / "groupnorm_amp.py")
     plan = will_it_fit(path)
     ops = {d.op for d in plan.dispatch}
-    assert {"group_norm", "mse_loss"} <= ops
+    assert "group_norm" in ops
+    assert "mse_loss" not in ops  # CPU autocast runs the losses in float32 too
     # 2 blocks x 2 norms + the output norm, in each of 2 forward passes
     assert sum(d.count for d in plan.dispatch if d.op == "group_norm") == 10
 
@@ -158,3 +159,20 @@ def test_the_plan_reports_each_model():
     assert cuda_dispatch.autocast_policy("einsum") == "lower"
     assert cuda_dispatch.autocast_policy("max_pool3d") == "as_is"
     assert cuda_dispatch.autocast_policy("relu") is None
+    assert cuda_dispatch.autocast_policy("cross_entropy") is None  # float32 on both
+
+
+@pytest.mark.parametrize("name", sorted(cuda_dispatch.CPU_FP32_TOO - {"cdist", "prod"}))
+def test_cpu_autocast_runs_the_shared_float32_losses_in_float32(name):
+    """The ops left alone because CPU autocast already runs them in float32."""
+    import torch.nn.functional as F
+
+    h = torch.randn(4, 8)
+    y, t = torch.randint(0, 8, (4,)), torch.rand(4, 8)
+    extra = {"cross_entropy": (y,), "nll_loss": (y,), "multi_margin_loss": (y,),
+             "multilabel_margin_loss": (torch.zeros(4, 8, dtype=torch.long),),
+             "cosine_embedding_loss": (t, torch.ones(4)), "triplet_margin_loss": (t, t),
+             "margin_ranking_loss": (t, torch.ones(4, 8))}.get(name, (t,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = getattr(F, name)(torch.nn.functional.linear(h, torch.eye(8)), *extra)
+    assert out.dtype == torch.float32
