@@ -123,6 +123,10 @@ CUDA_FP32_OPS = cuda_dispatch.CUDA_FP32_OPS | cuda_dispatch.CUDA_FP32_OUT_OPS
 _HELPERS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _OVERRIDES_FILE = torch.overrides.__file__
+#: code that asks a fake tensor's device for the planner or for fake-tensor propagation
+_INTERNAL_CODE = (_HELPERS_DIR, *(os.path.join(_TORCH_DIR, p) for p in (
+    "_subclasses", "_meta_registrations.py", "_decomp", "_refs", "_prims", "_ops.py",
+    "fx", "utils/_python_dispatch.py", "_library", "_higher_order_ops")))
 _T = torch.Tensor
 _READS = {_T.item: "item()", _T.tolist: "tolist()", _T.__bool__: "bool()",
           _T.__float__: "float()", _T.__int__: "int()", _T.__index__: "index",
@@ -332,7 +336,6 @@ class _Run:
         self.used_workers = 0
         self.script_ddp = False  # the script sets up DDP itself (a process group or DDP)
         self.ddp_wrapped = False  # the script wraps its model in DistributedDataParallel
-        self.device_mode = None  # the _DeviceMode while the script runs
 
     def mode_is_on(self) -> bool:
         """Is the script's code running (the planner's TorchFunctionMode on the stack and
@@ -342,6 +345,14 @@ class _Run:
             return False
         stack_at = torch._C._get_function_stack_at
         return any(stack_at(i) is mode for i in range(torch._C._len_torch_function_stack()))
+
+    def asks_as_script(self, frame) -> bool:
+        """Does ``.device``/``.is_cuda`` asked from ``frame`` get the GPU's answer? Yes for
+        the script and the libraries it calls (torch.nn, torch.optim, torch.amp...); no for
+        the planner itself and PyTorch's fake-tensor, meta and decomposition code, which
+        may run while the mode is on (an aten op called directly, the planner's patches)
+        and must see the fake tensors' real device."""
+        return frame is None or not frame.f_code.co_filename.startswith(_INTERNAL_CODE)
 
     # ------------------------------------------------------------ where in the user's code
     def _is_user_file(self, filename: str) -> bool:
@@ -860,7 +871,8 @@ class _DeviceMode(TorchFunctionMode):
         run = self.run
         if func in _READS and args and run.on_device(args[0]):
             return run.read(func, _READS[func], args, kwargs)
-        if func in _DEVICE_ANSWERS and args and run.on_device(args[0]):
+        if func in _DEVICE_ANSWERS and args and run.on_device(args[0]) and \
+                run.asks_as_script(sys._getframe(1)):
             return _DEVICE_ANSWERS[func]  # x.device, x.is_cuda...: as on the GPU
         if func is _T.cuda:
             t = args[0]
@@ -1374,7 +1386,9 @@ class _Patches:
         original = FakeTensor.__dict__["device"]
 
         def device(t):
-            return _CUDA0 if run.mode_is_on() else original.__get__(t)
+            if run.mode_is_on() and run.asks_as_script(sys._getframe(1)):
+                return _CUDA0
+            return original.__get__(t)
 
         self._set(FakeTensor, "device", property(device))
 
