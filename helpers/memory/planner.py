@@ -1379,6 +1379,10 @@ class _Patches:
         answers "cuda:0" while the script's code runs, and its real (CPU) device inside the
         planner, the fake mode and the engine, where the mode is not on the stack."""
         run = self.run
+        # nn.LSTM's flatten_parameters asks cudnn.is_acceptable of weights that now answer
+        # is_cuda: this CPU build would warn "compiled without cuDNN" on each RNN. No:
+        # the weights stay as they are (cuDNN's flat copy is the same bytes on a GPU)
+        self._set(torch.backends.cudnn, "is_acceptable", lambda tensor: False)
         if not run.fake:
             return
         from torch._subclasses.fake_tensor import FakeTensor

@@ -263,3 +263,18 @@ def test_buffers_are_not_inputs(tmp_path):
     assert plan.categories["buffers"] == 2 * 8 * 4 + 8
     assert plan.categories["inputs"] == 4 * 3 * 8 * 8 * 4 + 4 * 8
     assert "buffers" in plan.text()
+
+
+def test_rnn_weights_answering_is_cuda_do_not_warn_about_cudnn(tmp_path, monkeypatch):
+    """nn.LSTM's flatten_parameters asks cudnn.is_acceptable once its weights answer
+    is_cuda; on this CPU build that would warn "compiled without cuDNN" (a guard: main's
+    weights answered cpu and never asked)."""
+    import warnings
+
+    monkeypatch.chdir(tmp_path)
+    script = Path(__file__).resolve().parents[2] / "planner_scripts" / "lstm_classifier.py"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for fake in (True, False):
+            will_it_fit(str(script), fake=fake)
+    assert not [w for w in caught if "cuDNN" in str(w.message)]
