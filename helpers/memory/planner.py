@@ -62,6 +62,7 @@ from torch.overrides import TorchFunctionMode
 from ..core.checks import choice, flag, positive_int, real_number, text, whole_number
 from ..core.fmt import GiB, MiB, ShownAsTable, Table, fmt_bytes
 from .capacity import COMPUTE_CAPABILITY, KNOWN_GPUS, card_name, resolve_capacity
+from . import sandbox
 from .cuda_standin import SimulatedCuda
 from .sources import ProcessRamSource
 from .virtual import VirtualGPU, foreach_patches
@@ -93,6 +94,7 @@ _READS = {_T.item: "item()", _T.tolist: "tolist()", _T.__bool__: "bool()",
           _T.numpy: "numpy()", _T.__format__: "format", _T.__repr__: "print/repr",
           _T.__array__: "numpy array", _T.cpu: "cpu()"}
 _LOW = (torch.bfloat16, torch.float16)
+_MAX_TIME_LIMIT = 7 * 24 * 3600.0  # a week: SIGALRM's timer and the caller's clock stay finite
 
 
 class PlanError(ValueError):
@@ -461,6 +463,7 @@ class _Run:
 
     # ------------------------------------------------------------ running
     def run(self) -> None:
+        sandbox.run_started()
         old_argv = sys.argv
         self._deadline = time.monotonic() + self.time_limit
         self._sample_rss()
@@ -1263,7 +1266,8 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
     """Plan a GPU job from an unmodified PyTorch training script (``python -m helpers.fit``).
 
     Args:
-        script: path of the training script; it runs as ``__main__`` in this process.
+        script: path of the training script; it runs as ``__main__`` in a process of its
+            own (:mod:`.sandbox`), with its writes sent to a throw-away folder.
         args: the script's own command-line arguments (a list of strings).
         gpu: the card the script sees (``torch.cuda.get_device_name()``, ``mem_get_info``...);
             one of ``KNOWN_GPUS``. The peak is compared with every known card either way.
@@ -1285,7 +1289,8 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
         context: memory a card loses to the CUDA context (bytes or a size; 500 MiB).
         max_forwards: stop a script that never calls ``optimizer.step()`` after this many
             forward passes of its model (then a PlanError says so).
-        time_limit: seconds one run of the script may take.
+        time_limit: seconds one run of the script may take (at most a week); a run that
+            swallows the planner's stop (a bare ``except:``) is killed a grace later.
         fake: True (default): fake tensors (full scale, nothing computed). False: real CPU
             tensors counted the same way (a reference run at small sizes, for tests).
 
@@ -1300,6 +1305,7 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
             operation fake tensors cannot run, or reads a value under ``strict``.
         TypeError, ValueError: an argument is of the wrong kind or out of range.
     """
+    call = dict(locals())  # every argument, for the planner's own process (sandbox.py)
     path = _check_script(script)
     if isinstance(args, str) or not all(isinstance(a, str) for a in args):
         raise TypeError("args must be a list of strings (the script's arguments), e.g. "
@@ -1324,8 +1330,11 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
     gradient_as_bucket_view = flag(gradient_as_bucket_view, "gradient_as_bucket_view")
     context = resolve_capacity(context, what="context", allow_zero=True)[1]
     max_forwards = positive_int(max_forwards, "max_forwards", 100_000)
-    time_limit = real_number(time_limit, "time_limit", minimum=0.1)
+    time_limit = real_number(time_limit, "time_limit", minimum=0.1, maximum=_MAX_TIME_LIMIT)
     args = list(args)
+    if not sandbox.in_child():
+        # the script runs in a process of its own: nothing it does reaches this one
+        return sandbox.plan_in_child(call, time_limit)
 
     def run_once(argv, *, amp_=None, ckpt=None, quiet=False) -> _Run:
         r = _Run(path, argv, card=card, steps=steps, fake=fake, strict=strict, amp=amp_,
