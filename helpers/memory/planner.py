@@ -61,8 +61,8 @@ from torch.overrides import TorchFunctionMode
 
 from ..core.checks import choice, flag, positive_int, real_number, text, whole_number
 from ..core.fmt import GiB, MiB, ShownAsTable, Table, fmt_bytes
-from .capacity import COMPUTE_CAPABILITY, KNOWN_GPUS, card_name, resolve_capacity
 from . import sandbox
+from .capacity import COMPUTE_CAPABILITY, KNOWN_GPUS, card_name, resolve_capacity
 from .cuda_standin import SimulatedCuda
 from .sources import ProcessRamSource
 from .virtual import VirtualGPU, foreach_patches

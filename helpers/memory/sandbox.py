@@ -240,9 +240,9 @@ class _Child:
 def _user_line(script_dir: str):
     """The script's line that called (the innermost frame in the script's folder, outside
     the kit, torch and installed packages)."""
-    from .planner import _HELPERS_DIR, _TORCH_DIR, CodeLine
-
     import linecache
+
+    from .planner import _HELPERS_DIR, _TORCH_DIR, CodeLine
 
     frame = sys._getframe(2)
     while frame is not None:
@@ -573,8 +573,8 @@ class _Writes:
                 source = me.for_read(s) if not me._passes(src) else s
                 if not lexists(source):
                     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), src)
-                target = me.for_write(dst, f"os.{what}(..., {{}})", keep=False) if not me._passes(dst) \
-                    else os.fsdecode(dst)
+                target = os.fsdecode(dst) if me._passes(dst) else \
+                    me.for_write(dst, f"os.{what}(..., {{}})", keep=False)
                 if source.startswith(me.root + os.sep) or me._passes(src):
                     real_replace(source, target)
                 elif isdir(source):
