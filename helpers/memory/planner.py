@@ -830,6 +830,7 @@ class _Patches:
 
         def save(obj, f, *args, **kwargs):
             run.saves.append(run.user_line(sys._getframe(1)))
+            sandbox.skipped_save(f)  # an empty stand-in file, so os.replace(tmp, path) works
 
         def compile_(model=None, *args, **kwargs):
             run.note("torch.compile was skipped: the plan is for eager mode (compiled code "
@@ -848,6 +849,7 @@ class _Patches:
                     map_location, dict) and _is_cuda(map_location):
                 run.note(f"torch.load(map_location={map_location!r}) loaded on the host")
                 map_location = "cpu"
+            sandbox.check_load(f)
             return original_load(f, map_location, *args, **kwargs)
 
         self._set(torch, "load", load)

@@ -72,6 +72,38 @@ def run_started() -> None:
         _child.run_started()
 
 
+def skipped_save(f) -> None:
+    """``torch.save(obj, f)`` was skipped: a path ``f`` gets an empty stand-in file in the
+    throw-away folder, so what the script does with it next (``os.replace(tmp, path)``,
+    ``os.path.exists``) works."""
+    if _child is not None and isinstance(f, (str, bytes, os.PathLike)):
+        w = _child.writes
+        if not w._passes(f):
+            with w._o["open"](w.for_write(f, "", keep=False, record=False), "wb"):
+                pass
+
+
+def check_load(f) -> None:
+    """``torch.load(f)`` of a file the script saved itself in this run: the planner skipped
+    that ``torch.save`` (fake tensors have no values), so say so rather than fail with
+    an EOFError."""
+    from .planner import PlanError
+
+    if _child is None or not isinstance(f, (str, bytes, os.PathLike)):
+        return
+    w = _child.writes
+    if w._passes(f):
+        return
+    path = w.for_read(f)
+    if path.startswith(w.root + os.sep) and w._o["isfile"](path) and \
+            w._o["stat"](path).st_size == 0:
+        raise PlanError(
+            f"the script loads {os.fsdecode(f)!r}, which it saved itself earlier in this run; "
+            "the planner skips torch.save (fake tensors have no values). Plan it with "
+            "options that do not reload its own checkpoint in the first steps.",
+            kind="script")
+
+
 def _grace(time_limit: float) -> float:
     return GRACE_S + 0.05 * time_limit
 
@@ -314,11 +346,13 @@ class _Writes:
         except FileNotFoundError:
             return False
 
-    def for_write(self, path, what: str, *, keep: bool, exclusive: bool = False) -> str:
+    def for_write(self, path, what: str, *, keep: bool, exclusive: bool = False,
+                  record: bool = True) -> str:
         """Where a write of ``path`` goes; ``keep``: the write keeps the file's bytes (append,
         read-write), so a user's file is copied first."""
         p = os.path.abspath(os.fsdecode(path))
-        self._record(what, p)
+        if record:
+            self._record(what, p)
         if exclusive and self.exists(p):
             raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fsdecode(path))
         if not self.is_dir(os.path.dirname(p)):
