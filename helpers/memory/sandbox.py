@@ -60,9 +60,12 @@ _REQUEST, _RESULT = "request.pickle", "result.pickle"
 _child: _Child | None = None
 
 
+_serving = False  # the planner server (below): plans its warm-up in its own process
+
+
 def in_child() -> bool:
     """Is this the planner's own process (where the script may run)?"""
-    return _child is not None
+    return _child is not None or _serving
 
 
 def run_started() -> None:
@@ -116,38 +119,25 @@ def plan_in_child(call: dict, time_limit: float):
     from .planner import PlanError
 
     folder = tempfile.mkdtemp(prefix="helpers-fit-")
-    proc = None
-    read_fd = write_fd = -1
+    child = None
+    timed_out = False
+    result = None
     try:
         with open(os.path.join(folder, _REQUEST), "wb") as f:
-            pickle.dump({"call": call, "pythonpath": os.environ.get("PYTHONPATH")}, f)
-        read_fd, write_fd = os.pipe()
-        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (_KIT_ROOT, os.environ.get("PYTHONPATH")) if p)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "helpers.memory.sandbox", folder, str(write_fd)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(write_fd,), start_new_session=True, env=env)
-        os.close(write_fd)
-        write_fd = -1
-        timed_out = _relay(proc, read_fd, time_limit)
-        _kill_group(proc)
-        _drain(proc)
-        result = None
+            pickle.dump({"call": call, "cwd": os.getcwd(), "environ": dict(os.environ)}, f)
+        with _LOCK:
+            child = _start(folder)
+            timed_out = _relay(child, time_limit)
+            child.kill()
+            _drain(child)
         path = os.path.join(folder, _RESULT)
         if not timed_out and os.path.exists(path):
             with open(path, "rb") as f:
                 result = pickle.load(f)
     finally:
-        if proc is not None:
-            _kill_group(proc)
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
-        for fd in (read_fd, write_fd):
-            if fd >= 0:
-                os.close(fd)
+        if child is not None:
+            child.kill()
+            child.close()
         shutil.rmtree(folder, ignore_errors=True)
     if timed_out:
         raise PlanError(
@@ -156,7 +146,7 @@ def plan_in_child(call: dict, time_limit: float):
             "around the training loop swallows the planner's stop (catch Exception instead), "
             "or a call never returned.", kind="time")
     if result is None:
-        code = proc.returncode
+        code = child.returncode
         if code is not None and code < 0:
             try:
                 name = signal.Signals(-code).name
@@ -182,6 +172,195 @@ def plan_in_child(call: dict, time_limit: float):
                     details=value)
 
 
+_LOCK = threading.Lock()  # one plan at a time per caller process
+
+
+def _child_env() -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_KIT_ROOT, os.environ.get("PYTHONPATH"))
+                                        if p)
+    return env
+
+
+class _Started:
+    """The planner's process for one plan: its pid (and process group), its output pipes
+    (``out``, ``err``) and the pipe on which it says a run started (``beat``)."""
+
+    returncode: int | None = None
+
+    def __init__(self, pid: int, out: int, err: int, beat: int):
+        self.pid, self.out, self.err, self.beat = pid, out, err, beat
+        self.decoders: dict = {}
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def wait(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while self.poll() is None and time.monotonic() < end:
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        """Kill the process group (the script's subprocesses too) and wait for its end."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.wait(10)
+
+    def close(self) -> None:
+        for name in ("out", "err", "beat"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
+
+
+class _Popened(_Started):
+    """Started with ``python -m helpers.memory.sandbox FOLDER FD`` (2-3 s: torch's import)."""
+
+    def __init__(self, folder: str):
+        beat_r, beat_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "helpers.memory.sandbox", folder, str(beat_w)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                pass_fds=(beat_w,), start_new_session=True, env=_child_env())
+        except BaseException:
+            os.close(beat_r)
+            raise
+        finally:
+            os.close(beat_w)
+        super().__init__(self.proc.pid, os.dup(self.proc.stdout.fileno()),
+                         os.dup(self.proc.stderr.fileno()), beat_r)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+    def poll(self):
+        self.returncode = self.proc.poll()
+        return self.returncode
+
+
+class _Forked(_Started):
+    """Forked by the caller's planner server (see :class:`_Server`): no import to wait for."""
+
+    def __init__(self, server: _Server, folder: str):
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        beat_r, beat_w = os.pipe()
+        try:
+            pid = server.fork(folder, (out_w, err_w, beat_w))
+        except BaseException:
+            for fd in (out_r, err_r, beat_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (out_w, err_w, beat_w):
+                os.close(fd)
+        super().__init__(pid, out_r, err_r, beat_r)
+        self.server = server
+
+    def poll(self):
+        self.returncode = self.server.status(self.pid)
+        return self.returncode
+
+
+class _Server:
+    """A process of the caller's, started once (it imports torch and the planner, then
+    waits), that forks a fresh process for each plan: each plan then starts in milliseconds
+    instead of seconds. It ends with the caller (its socket closes) and kills what it forked.
+    Messages go over a SOCK_SEQPACKET socket: the request (folder, pipes as file descriptors)
+    in, ("pid", pid) and ("exit", pid, status) out."""
+
+    def __init__(self):
+        import socket
+
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "helpers.memory.sandbox", "--server",
+                 str(theirs.fileno())], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), start_new_session=True, env=_child_env())
+        finally:
+            theirs.close()
+        self.sock = mine
+        self.owner = os.getpid()
+        self.statuses: dict[int, int] = {}
+
+    def alive(self) -> bool:
+        return self.owner == os.getpid() and self.proc.poll() is None
+
+    def _receive(self, block: bool) -> bool:
+        """Read the server's messages; False when it is gone."""
+        import socket
+
+        while True:
+            try:
+                data = self.sock.recv(4096, 0 if block else socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not data:
+                return False
+            message = pickle.loads(data)
+            if message[0] == "exit":
+                self.statuses[message[1]] = message[2]
+            elif message[0] == "pid":
+                self.statuses.setdefault(message[1], None)
+                self._last_pid = message[1]
+            block = False
+
+    def fork(self, folder: str, fds) -> int:
+        import socket
+
+        self._last_pid = None
+        socket.send_fds(self.sock, [pickle.dumps(("plan", folder))], list(fds))
+        end = time.monotonic() + 30
+        while self._last_pid is None:
+            if not self._receive(block=True) or time.monotonic() > end:
+                raise OSError("the planner's server did not answer")
+        return self._last_pid
+
+    def status(self, pid: int) -> int | None:
+        """The exit code of a forked plan's process (None while it runs)."""
+        if not self._receive(block=False) and self.statuses.get(pid) is None:
+            self.statuses[pid] = -signal.SIGKILL  # the server is gone, and its plans with it
+        return self.statuses.get(pid)
+
+    def stop(self) -> None:
+        try:
+            self.sock.close()
+        finally:
+            try:
+                self.proc.kill()
+                self.proc.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+
+
+_server: _Server | None = None
+#: fork each plan from a planner server started once (fast); False: start a new Python for
+#: each plan (``python -m helpers.memory.sandbox``, 2-3 s more per plan)
+USE_SERVER = hasattr(os, "fork") and hasattr(__import__("socket"), "send_fds")
+
+
+def _start(folder: str) -> _Started:
+    global _server
+    if USE_SERVER:
+        try:
+            if _server is None or not _server.alive():
+                if _server is None:
+                    import atexit
+
+                    atexit.register(lambda: _server is not None and _server.stop())
+                _server = _Server()
+            return _Forked(_server, folder)
+        except OSError:
+            _server = None  # no server here: a new Python for this plan
+    return _Popened(folder)
+
+
 def _write(stream_name: str, decoder, data: bytes) -> None:
     text_ = decoder.decode(data)
     if text_:
@@ -190,15 +369,15 @@ def _write(stream_name: str, decoder, data: bytes) -> None:
         stream.flush()
 
 
-def _relay(proc, beat_fd: int, time_limit: float) -> bool:
+def _relay(child: _Started, time_limit: float) -> bool:
     """Relay the child's output until it exits; True when it overstayed its time (then the
-    caller kills it). A byte on ``beat_fd`` starts a run: the limit counts from there."""
+    caller kills it). A byte on ``child.beat`` starts a run: the limit counts from there."""
     import codecs
 
-    decoders = {proc.stdout.fileno(): ("stdout", codecs.getincrementaldecoder("utf-8")("replace")),
-                proc.stderr.fileno(): ("stderr", codecs.getincrementaldecoder("utf-8")("replace"))}
+    child.decoders = {fd: (name, codecs.getincrementaldecoder("utf-8")("replace"))
+                      for fd, name in ((child.out, "stdout"), (child.err, "stderr"))}
     sel = selectors.DefaultSelector()
-    for fd in (*decoders, beat_fd):
+    for fd in (*child.decoders, child.beat):
         sel.register(fd, selectors.EVENT_READ)
     deadline = time.monotonic() + STARTUP_S + time_limit + _grace(time_limit)
     try:
@@ -207,24 +386,22 @@ def _relay(proc, beat_fd: int, time_limit: float) -> bool:
                 data = os.read(key.fd, 65536)
                 if not data:
                     sel.unregister(key.fd)
-                elif key.fd == beat_fd:
+                elif key.fd == child.beat:
                     deadline = time.monotonic() + time_limit + _grace(time_limit)
                 else:
-                    _write(*decoders[key.fd], data)
-            if proc.poll() is not None:
+                    _write(*child.decoders[key.fd], data)
+            if child.poll() is not None:
                 return False
             if time.monotonic() > deadline:
                 return True
     finally:
         sel.close()
-        proc._relay_decoders = decoders  # what _drain goes on with
 
 
-def _drain(proc, seconds: float = 2.0) -> None:
+def _drain(child: _Started, seconds: float = 2.0) -> None:
     """What the child wrote before it ended (its group is dead: the pipes reach EOF, unless a
     process that left the group holds them; then give up after ``seconds``)."""
-    decoders = getattr(proc, "_relay_decoders", {})
-    open_fds = dict(decoders)
+    open_fds = dict(child.decoders)
     end = time.monotonic() + seconds
     with selectors.DefaultSelector() as sel:
         for fd in open_fds:
@@ -236,21 +413,9 @@ def _drain(proc, seconds: float = 2.0) -> None:
                     sel.unregister(key.fd)
                     del open_fds[key.fd]
                 else:
-                    _write(*decoders[key.fd], data)
-    for name, decoder in decoders.values():
+                    _write(*child.decoders[key.fd], data)
+    for name, decoder in child.decoders.values():
         _write(name, decoder, b"")
-
-
-def _kill_group(proc) -> None:
-    """Kill the child's process group (its session: the script's subprocesses too)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not refused
-        pass
 
 
 # ------------------------------------------------------------------------------ the child
@@ -719,19 +884,120 @@ def _watch_parent() -> None:
 
 
 def main(argv: list[str]) -> None:
-    """The child: ``python -m helpers.memory.sandbox FOLDER FD``."""
+    """The child: ``python -m helpers.memory.sandbox FOLDER FD`` (or ``--server SOCKET``)."""
+    if argv[0] == "--server":
+        _serve(int(argv[1]))
+    else:
+        _plan_here(argv[0], int(argv[1]))
+
+
+def _serve(sock_fd: int) -> None:
+    """The planner server: import the planner once, then fork a process for each plan."""
+    import socket
+
+    global _serving
+    from . import planner
+
+    _serving = True
+    _warm_up(planner)
+    sock = socket.socket(fileno=sock_fd)
+    parent = os.getppid()
+    children: set[int] = set()
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    try:
+        while True:
+            ready = sel.select(timeout=0.2)
+            while children:  # the ends of earlier plans
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                children.discard(pid)
+                sock.send(pickle.dumps(("exit", pid, os.waitstatus_to_exitcode(status))))
+            if os.getppid() != parent:
+                return
+            if not ready:
+                continue
+            data, fds, _, _ = socket.recv_fds(sock, 65536, 8)
+            if not data:
+                return
+            _, folder = pickle.loads(data)
+            pid = os.fork()
+            if pid == 0:  # the plan's process
+                try:
+                    os.setpgid(0, 0)
+                    sel.close()
+                    sock.close()
+                    null = os.open(os.devnull, os.O_RDONLY)
+                    os.dup2(null, 0)
+                    os.dup2(fds[0], 1)
+                    os.dup2(fds[1], 2)
+                    for fd in (null, fds[0], fds[1]):
+                        os.close(fd)
+                    _plan_here(folder, fds[2])
+                finally:
+                    os._exit(70)
+            try:
+                os.setpgid(pid, pid)  # also here: the caller may kill the group at once
+            except OSError:
+                pass
+            for fd in fds:
+                os.close(fd)
+            children.add(pid)
+            sock.send(pickle.dumps(("pid", pid)))
+    except OSError:
+        return
+    finally:
+        for pid in children:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+_WARM_UP = """\
+import torch
+from torch import nn
+model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).cuda()
+opt = torch.optim.Adam(model.parameters())
+for _ in range(3):
+    x, y = torch.randn(4, 8).cuda(), torch.randint(0, 2, (4,)).cuda()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def _warm_up(planner) -> None:
+    """Plan a tiny script once in the server: torch's lazy imports and first-use set-up
+    (about 2 s) are then done once, not in every forked plan."""
+    folder = tempfile.mkdtemp(prefix="helpers-fit-warm-")
+    try:
+        path = os.path.join(folder, "warm_up.py")
+        with open(path, "w") as f:
+            f.write(_WARM_UP)
+        planner.will_it_fit(path)
+    except Exception:  # noqa: BLE001 - only slower without it
+        pass
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _plan_here(folder: str, beat_fd: int) -> None:
+    """Plan the request in ``folder`` in this process, write the result and end it."""
     global _child
-    folder, beat_fd = argv[0], int(argv[1])
     real_exit = os._exit
     with open(os.path.join(folder, _REQUEST), "rb") as f:
         request = pickle.load(f)
     real_open = open
     _watch_parent()
     sys.dont_write_bytecode = True
-    if request["pythonpath"] is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = request["pythonpath"]
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["environ"])  # the caller's, without the kit's PYTHONPATH
     call = request["call"]
     script = os.path.abspath(os.fspath(call["script"]))
     sys.path[0] = os.path.dirname(script)  # as `python script.py` (-m put the cwd there)
