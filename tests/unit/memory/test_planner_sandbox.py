@@ -23,6 +23,8 @@ from helpers.memory import sandbox
 from helpers.memory.planner import PlanError, will_it_fit
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "planner_scripts"
+# sleep's seconds, unique to this test run: processes_with() finds only this run's
+SLEEP = f"600.{os.getpid()}"
 
 TRAIN = """\
 import torch
@@ -186,15 +188,15 @@ def test_a_batch_search_repeats_no_side_effect(tmp_path, monkeypatch, capsys):
         assert open("runs.log").read() == "", "an earlier run's write was seen"
         open("runs.log", "a").write("one run\\n")
         print("SIDE EFFECT")
-        model = nn.Linear(1024, 1024).cuda()
+        model = nn.Linear(64, 64).cuda()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(3):
-            model(torch.randn(args.batch_size, 1024).cuda()).sum().backward()
+            model(torch.randn(args.batch_size, 64).cuda()).sum().backward()
             opt.step()
         """)
-    plan = will_it_fit(script, ["--batch-size", "64"], batch_arg="--batch-size",
-                       multiple_of=4096, max_batch=1 << 18)
-    assert plan.batch_runs >= 3
+    plan = will_it_fit(script, ["--batch-size", "32"], batch_arg="--batch-size",
+                       max_batch=64)
+    assert plan.batch_runs >= 2
     assert capsys.readouterr().out.count("SIDE EFFECT") == 1
     assert (tmp_path / "runs.log").read_text() == ""
 
@@ -210,10 +212,10 @@ def test_process_starts_are_refused_and_leave_nothing_behind(tmp_path, monkeypat
                        r"\.spawn at .*spawn_ddp\.py:\d+.*--ddp N") as e:
         will_it_fit(spawn, ["--multiprocessing-distributed"])
     assert e.value.kind == "processes"
-    forks = write(tmp_path, TRAIN.replace("import torch\n", """\
+    forks = write(tmp_path, TRAIN.replace("import torch\n", f"""\
 import os, subprocess
 import torch
-subprocess.Popen(["sleep", "611"])
+subprocess.Popen(["sleep", "{SLEEP}"])
 try:
     pid = os.fork()
 except Exception:
@@ -223,7 +225,7 @@ sys.exit(0)
 """))
     with pytest.raises(PlanError, match=r"starts another process \(os\.fork at .*train\.py:5"):
         will_it_fit(forks)
-    assert processes_with("sleep", "611") == []
+    assert processes_with("sleep", SLEEP) == []
     assert will_it_fit(spawn).stopped == "steps"
 
 
@@ -241,7 +243,7 @@ os.umask(0o077)
 os.environ["HOSTILE"] = "1"
 torch.set_autocast_enabled("cpu", True)
 threading.Thread(target=time.sleep, args=(612,)).start()
-subprocess.Popen(["sleep", "613"])
+subprocess.Popen(["sleep", "{SLEEP}"])
 print("before stdout is replaced")
 sys.stdout = io.StringIO()
 torch.set_default_device("cuda")
@@ -268,7 +270,7 @@ def test_the_caller_is_left_as_it_was(tmp_path, monkeypatch, capsys):
     autocast state, environment, thread and subprocess stay in the planner's process and end
     with it. Its output before it replaced sys.stdout still reaches the caller."""
     monkeypatch.chdir(tmp_path)
-    script = write(tmp_path, HOSTILE)
+    script = write(tmp_path, HOSTILE.replace("{SLEEP}", SLEEP))
     before = caller_state()
     try:
         plan = will_it_fit(script)
@@ -276,7 +278,7 @@ def test_the_caller_is_left_as_it_was(tmp_path, monkeypatch, capsys):
         plan = exc
     assert caller_state() == before
     assert torch.zeros(1).device.type == "cpu"
-    assert processes_with("sleep", "613") == []
+    assert processes_with("sleep", SLEEP) == []
     assert "before stdout is replaced" in capsys.readouterr().out
     assert plan is not None
 
@@ -322,9 +324,9 @@ def test_an_interrupt_in_the_caller_ends_the_plan_and_its_processes(tmp_path, mo
     """Ctrl-C (a notebook's Interrupt) while the script runs: the child's whole group is
     killed and the private folder removed; the KeyboardInterrupt goes on to the caller."""
     monkeypatch.chdir(tmp_path)
-    script = write(tmp_path, """\
+    script = write(tmp_path, f"""\
         import subprocess, time
-        subprocess.Popen(["sleep", "614"])
+        subprocess.Popen(["sleep", "{SLEEP}"])
         time.sleep(0.5)
         print("started", flush=True)
         time.sleep(600)
@@ -340,5 +342,5 @@ def test_an_interrupt_in_the_caller_ends_the_plan_and_its_processes(tmp_path, mo
     folders = planner_folders()
     with pytest.raises(KeyboardInterrupt):
         will_it_fit(script)
-    assert processes_with("sleep", "614") == []
+    assert processes_with("sleep", SLEEP) == []
     assert planner_folders() == folders
