@@ -13,7 +13,8 @@ has the same name as a planner option goes after ``--``:
 Exit status: 0 when the script fits the chosen card, 1 when it does not, 2 for bad input
 (a missing script, an unknown card, a TensorFlow script), 3 when the script could not be
 planned (its own error, no optimizer step, an operation fake tensors cannot run, a value
-read under --strict).
+read under --strict, a process it tried to start, its process ending or killed without a
+result, the time limit): never 0 without a verdict.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ examples:
 what it cannot see (leave a margin of 10-15 %): cuDNN/cuBLAS workspaces, the real CUDA
 context (a fixed --context is added), other processes on the card, fragmentation over a long
 run, CUDA-only kernels (flash attention), NCCL's buffers.
+
+the script runs in a process of its own; its file writes go to a throw-away folder (your
+files are never changed) and are listed; it may not start processes (mp.spawn: use --ddp N).
 
 exit status: 0 fits the --gpu card, 1 does not fit, 2 bad input, 3 could not be planned.
 """
@@ -88,7 +92,8 @@ def parser() -> argparse.ArgumentParser:
                    help="give up when the script made N forward passes without an "
                    "optimizer step (default 50)")
     p.add_argument("--time-limit", type=float, default=600.0, metavar="SECONDS",
-                   help="give up on a run of the script after this long (default 600)")
+                   help="give up on a run of the script after this long (default 600, "
+                   "at most a week); a run that swallows the stop is killed a grace later")
     p.add_argument("--slurm", action="store_true",
                    help="print a SLURM request for the smallest card that fits")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")

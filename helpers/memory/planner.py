@@ -8,7 +8,13 @@
 
 How it works (the "device-scoped full scale" of the kit's memory engine):
 
-* The script runs in this process (``runpy``), as ``__main__``, with its own arguments.
+* The script runs as ``__main__`` (``runpy``), with its own arguments, in a process of its
+  own (:mod:`.sandbox`: forked from a planner server the caller starts once), never in the
+  caller's: what it does to its process (default device, signal handlers, ``sys.stdout``,
+  threads, subprocesses) ends with that process, and its output is relayed as it comes.
+  Its writes (``open(..., "w")``, ``os.replace``, ``shutil.rmtree``...) go to a throw-away
+  folder and are listed in the notes; ``os.fork``/``multiprocessing``/``mp.spawn`` are
+  refused (plan one process; ``ddp=N`` for N ranks); its folder is first on ``sys.path``.
 * ``torch.cuda`` answers as the chosen card (:class:`~.cuda_standin.SimulatedCuda` backed by a
   :class:`~.virtual.VirtualGPU`), and so do ``torch.accelerator``'s functions.
 * What the script puts on the GPU (``.cuda()``, ``.to("cuda")``, ``device="cuda"``, a

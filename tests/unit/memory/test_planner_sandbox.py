@@ -344,3 +344,19 @@ def test_an_interrupt_in_the_caller_ends_the_plan_and_its_processes(tmp_path, mo
         will_it_fit(script)
     assert processes_with("sleep", SLEEP) == []
     assert planner_folders() == folders
+
+
+def test_without_the_server_each_plan_starts_a_new_python(tmp_path, monkeypatch, capsys):
+    """The fallback (no fork, or the server cannot start): ``python -m
+    helpers.memory.sandbox`` for the plan, with the same containment."""
+    monkeypatch.setattr(sandbox, "USE_SERVER", False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.pt").write_bytes(b"keep")
+    script = write(tmp_path, TRAIN.replace("import torch\n", """\
+import torch
+print("from a new python")
+open("model.pt", "wb").write(b"")
+"""))
+    plan = will_it_fit(script)
+    assert plan.stopped == "steps" and (tmp_path / "model.pt").read_bytes() == b"keep"
+    assert "from a new python" in capsys.readouterr().out
