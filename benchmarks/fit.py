@@ -11,6 +11,11 @@ Run with ``make bench`` (or ``.venv/bin/python benchmarks/fit.py``). It prints
    plan needs), the planner's table across all 8 known cards (one run, then 8 comparisons),
    and the naive way, one run per card. Target: the table costs at most 1.2x one card.
 
+3. **Before and after** (``--baseline REV``, e.g. ``--baseline HEAD~5`` or a tag): item 1
+   again with the kit as it was at git revision REV (checked out into a temporary worktree,
+   removed afterwards), the two run alternately in the same invocation; it prints both wall
+   times and peak RSS and their ratios (after / before).
+
 Timings are medians of ``--repeat`` runs (default 3), all in one invocation, so the ratios
 compare like with like; the absolute seconds depend on the machine.
 """
@@ -33,12 +38,16 @@ FULL = ["--batch-size", "256", "--image-size", "224", "--no-amp", "--samples", "
 SMALL = ["--batch-size", "32", "--image-size", "64", "--no-amp", "--samples", "64"]
 
 
-def fresh_process(args: list[str]) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS bytes, stdout) of ``python -m helpers.fit`` in a new process."""
+def fresh_process(args: list[str], kit: Path = ROOT) -> tuple[float, int, str]:
+    """(wall seconds, peak RSS bytes, stdout) of ``python -m helpers.fit`` in a new process,
+    with the helpers package of ``kit`` (a checkout of the kit). The peak RSS is the largest
+    of the process and the children it waited for (a planner that plans in a child process
+    is measured whole)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "helpers.fit", str(SCRIPT), *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
+                            cwd=kit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="2", PYTHONPATH=str(kit)))
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
@@ -51,7 +60,14 @@ def fresh_process(args: list[str]) -> tuple[float, int, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also measure item 1 with the kit at this git revision (before/"
+                        "after, side by side)")
     opts = parser.parse_args()
+    if opts.repeat < 1 or opts.repeat > 50:
+        parser.error("--repeat must be between 1 and 50")
+    if opts.baseline is not None and (not opts.baseline or opts.baseline.startswith("-")):
+        parser.error("--baseline must be a git revision (a commit, tag or branch)")
 
     from helpers.memory import planner
     from helpers.memory.capacity import KNOWN_GPUS
@@ -106,11 +122,41 @@ def main() -> int:
         print(f"   {name:<18} {median:6.2f} s  {median / base:5.2f}x")
     ratio = statistics.median(times["table of 8 cards"]) / base
 
+    if opts.baseline:
+        compare(opts.baseline, opts.repeat)
+
     ok = wall <= 15 and rss < 1e9 and ratio <= 1.2
     print(f"targets: ResNet-50 plan <= 15 s: {wall:.1f} s; under 1 GB RSS: "
           f"{rss / 1e9:.2f} GB; table <= 1.2x one card: {ratio:.2f}x -> "
           f"{'met' if ok else 'MISSED'}")
     return 0 if ok else 1
+
+
+def compare(rev: str, repeat: int) -> None:
+    """Item 1 with the kit at ``rev`` and as it is now, alternately, in one invocation."""
+    import tempfile
+
+    print(f"3. Before ({rev}) and after (this tree): item 1 alternately, {repeat} times each")
+    with tempfile.TemporaryDirectory(prefix="fit-baseline-") as tmp:
+        old = Path(tmp) / "kit"
+        made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q",
+                               str(old), rev], capture_output=True, text=True)
+        if made.returncode != 0:
+            raise SystemExit(f"--baseline {rev}: git worktree add failed: {made.stderr.strip()}")
+        try:
+            runs = {"before": [], "after": []}
+            for _ in range(repeat):
+                runs["before"].append(fresh_process(FULL, old)[:2])
+                runs["after"].append(fresh_process(FULL, ROOT)[:2])
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                            str(old)], capture_output=True)
+    wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
+    rss = {k: max(r for _, r in v) for k, v in runs.items()}
+    for k in runs:
+        print(f"   {k:<7} wall {wall[k]:5.1f} s, peak RSS {rss[k] / 2**30:.2f} GiB")
+    print(f"   after / before: wall {wall['after'] / wall['before']:.2f}x, "
+          f"peak RSS {rss['after'] / rss['before']:.2f}x")
 
 
 if __name__ == "__main__":

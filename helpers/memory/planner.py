@@ -30,10 +30,14 @@ How it works (the "device-scoped full scale" of the kit's memory engine):
   ``isfinite``, zeros for a tensor copied to the host), and each file and line that asked is
   listed (``strict=True`` stops at the first one). ``torch.save`` is skipped
   and listed; DataLoaders run with ``num_workers=0`` and without pinned memory.
-* The run stops cleanly after the script's ``steps``-th optimizer step (default 2: Adam's
-  state exists from the first step, so the second is the steady state).
+* The run stops cleanly when every optimizer the script made has taken ``steps`` steps
+  (default 2: Adam's state exists from the first step, so the second is the steady state; a
+  GAN's generator and discriminator both get theirs). An optimizer that does not step
+  within ``max_forwards`` forward passes of the others' last step is not waited for.
 
-It measures once, with no limit, and compares the peak with every card in ``KNOWN_GPUS``;
+It measures once, with no limit, and judges every card in ``KNOWN_GPUS`` on the caching
+allocator's peak *reserved* bytes + the context (+ DDP's buckets), with a margin (default
+max(15 %, 2 GiB) of the card): "fits", "fits, inside the margin" or "out of memory";
 it re-runs the script only for the batch-size search (``batch_arg``) and for each fix
 (``amp``, ``checkpoint_every``).
 
@@ -60,6 +64,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 
 import torch
 from torch import nn
@@ -79,6 +84,29 @@ __all__ = ["will_it_fit", "Plan", "PlanError", "CardFit", "CodeLine", "StandIn",
 #: what the CUDA context and the kernels' modules take on a card before any tensor (typical
 #: for PyTorch on an A100/H100; measure ``nvidia-smi`` after ``torch.zeros(1).cuda()``)
 DEFAULT_CONTEXT = 500 * MiB
+
+#: the margin a card keeps free by default, the lessons' rule: max(15 % of the card, 2 GiB)
+DEFAULT_MARGIN = (0.15, 2 * GiB)
+
+#: ``--constraint`` feature names in ``plan.slurm()`` (SITE: clusters name features their own
+#: way; these tell the memory sizes apart where one GPU comes in two)
+SLURM_FEATURES = {"T4": "t4", "V100-16GB": "v100_16gb", "V100-32GB": "v100_32gb",
+                  "A100-40GB": "a100_40gb", "L40S": "l40s", "H100-80GB": "h100_80gb",
+                  "A100-80GB": "a100_80gb", "H200": "h200"}
+
+#: host memory a CUDA process holds beyond what the planner measures on a CPU: the CUDA
+#: runtime, cuBLAS and cuDNN loaded and initialised. An allowance for ``--mem``, not measured
+#: here (no GPU): reports put it at 1.2 GB of RSS added by the first CUDA use
+#: (pytorch/pytorch#106511, torch 2.0) and 1.1 GB at the first ``.to("cuda")`` + 0.6 GB at
+#: the first cuDNN convolution (pytorch/pytorch#12873); 2 GiB covers both
+CUDA_HOST_BYTES = 2 * GiB
+
+#: host memory per DataLoader worker, an allowance for ``--mem``: a worker is a forked copy
+#: of the main process, and only the pages it writes are its own. Measured on this kit's CPU
+#: machine: 47 MiB of its own (USS; RSS 219 MiB, mostly shared) for a synthetic image data
+#: set; workers that decode images or touch Python objects of a large data set (copy-on-read
+#: of reference counts) own much more: 512 MiB each
+WORKER_HOST_BYTES = 512 * MiB
 
 #: ops that CUDA autocast runs in float32 (PyTorch's AMP docs: "CUDA Ops that can autocast to
 #: float32"); on the CPU some of them stay in bfloat16/float16, so the plan lists them
@@ -145,7 +173,13 @@ class StandIn:
 
 @dataclasses.dataclass
 class CardFit:
-    """One card against the measured peak."""
+    """One card against the measured peak.
+
+    ``needed_bytes`` is the verdict's basis: the caching allocator's peak *reserved* bytes +
+    the context (+ DDP's buckets); ``needed_allocated_bytes`` is the same with allocated
+    bytes (what ``torch.cuda.max_memory_allocated()`` reports), shown beside it. ``fits``:
+    needed <= capacity; ``fits_with_margin``: needed + ``margin_bytes`` <= capacity.
+    ``largest_batch`` fits, ``recommended_batch`` fits with the margin."""
 
     card: str
     capacity_bytes: int
@@ -156,6 +190,9 @@ class CardFit:
     oom_phase: str = ""
     largest_batch: int | None = None
     batch_capped: bool = False  # the largest batch searched (max_batch) fits: maybe more
+    needed_allocated_bytes: int = 0
+    margin_bytes: int = 0
+    recommended_batch: int | None = None
 
     @property
     def headroom_bytes(self) -> int:
@@ -164,6 +201,18 @@ class CardFit:
     @property
     def share(self) -> float:
         return self.needed_bytes / self.capacity_bytes
+
+    @property
+    def fits_with_margin(self) -> bool:
+        return self.needed_bytes + self.margin_bytes <= self.capacity_bytes
+
+    @property
+    def verdict(self) -> str:
+        """"fits", "fits, inside the margin" (less headroom than the margin) or "out of
+        memory"."""
+        if not self.fits:
+            return "out of memory"
+        return "fits" if self.fits_with_margin else "fits, inside the margin"
 
 
 def _short(path: str) -> str:
@@ -248,9 +297,15 @@ class _Run:
         self.saves: list[CodeLine] = []
         self.notes: dict[str, CodeLine | None] = {}
         self.autocast_diffs: dict[tuple, list] = {}
-        self.optimizers: list = []
-        self.n_steps = 0
+        self.optimizers: list = []  # those that stepped, in the order of their first step
+        self.step_counts: dict[int, int] = {}  # id(optimizer) -> its steps so far
+        self.created = weakref.WeakValueDictionary()  # id -> each optimizer made (alive)
+        self.created_at: dict[int, str] = {}  # id -> "Adam (train.py:12)"
+        self.n_steps = 0  # steps of all optimizers together
         self.n_forwards = 0
+        self._waiting_since: int | None = None  # forwards when the stepped ones were done
+        self.bf16 = False  # the script computes in bfloat16 (autocast or bf16 parameters)
+        self.n_checkpointed = 0  # nn.Sequential forwards --checkpoint-every wrapped
         self._depth = 0
         self.peak_line: CodeLine | None = None
         self.peak_phase = ""
@@ -268,7 +323,8 @@ class _Run:
         self._ram = ProcessRamSource()  # without psutil: not measured (rss_peak stays 0)
         self.seconds = 0.0
         self.used_workers = 0
-        self.script_ddp = False  # the script wraps its model in DDP itself
+        self.script_ddp = False  # the script sets up DDP itself (a process group or DDP)
+        self.ddp_wrapped = False  # the script wraps its model in DistributedDataParallel
 
     # ------------------------------------------------------------ where in the user's code
     def _is_user_file(self, filename: str) -> bool:
@@ -311,6 +367,12 @@ class _Run:
         allocated = self.gpu._allocator.allocated_bytes
         if allocated > self.phase_peaks.get(phase, 0):
             self.phase_peaks[phase] = allocated
+        # a card runs out of memory where the caching allocator's reserved bytes first pass
+        # its capacity less the context (the verdict's basis)
+        reserved = self.gpu._allocator.reserved_bytes
+        while self._limits and reserved > self._limits[0][0]:
+            _, name = self._limits.pop(0)
+            self._crossings[name] = (self.user_line(sys._getframe(1)), phase)
 
     def _on_new_peak(self) -> None:
         eng = self.engine
@@ -320,10 +382,6 @@ class _Run:
         op = eng.current_op
         self.peak_op = f"aten.{op._overloadpacket.__name__}" if hasattr(op, "_overloadpacket") \
             else str(op or "")
-        allocated = self.gpu._allocator.allocated_bytes
-        while self._limits and allocated > self._limits[0][0]:
-            _, name = self._limits.pop(0)
-            self._crossings[name] = (self.peak_line, self.peak_phase)
         if time.monotonic() > self._deadline:
             raise _Stop("time")
 
@@ -438,13 +496,41 @@ class _Run:
 
     def _step_hook(self, optimizer, args, kwargs) -> None:
         self._in_optimizer = False
-        if not any(o is optimizer for o in self.optimizers):
+        key = id(optimizer)
+        if key not in self.step_counts:
             self.optimizers.append(optimizer)
+            self.step_counts[key] = 0
+            self.created.setdefault(key, optimizer)
+            self.created_at.setdefault(key, type(optimizer).__name__)
+        self.step_counts[key] += 1
+        if self.step_counts[key] <= self.steps and max(self.step_counts.values()) >= \
+                self.steps:
+            self._waiting_since = self.n_forwards  # progress: wait again from here
         self.n_steps += 1
         self._sample_rss()
         self._label_step_tensors()
-        if self.n_steps >= self.steps:
+        if self.done_stepping():
             raise _Stop("steps")
+
+    def lagging(self) -> list[int]:
+        """The optimizers (ids) made or stepped so far that have not yet stepped ``steps``
+        times (an optimizer made late, a GAN's generator, one that never steps)."""
+        keys = set(self.step_counts) | set(self.created.keys())
+        return sorted(k for k in keys if self.step_counts.get(k, 0) < self.steps)
+
+    def done_stepping(self) -> bool:
+        """The stop rule: every optimizer seen (made or stepped) has stepped ``steps``
+        times. Once one has, the others get at most ``max_forwards`` forward passes between
+        their steps (:meth:`_forward_pre`): an optimizer that never steps ends the wait."""
+        return bool(self.step_counts) and not self.lagging()
+
+    def _optimizer_made(self, optimizer) -> None:
+        key = id(optimizer)
+        if key not in self.created and key not in self.step_counts:
+            self.created[key] = optimizer
+            where = self.user_line(sys._getframe(1))
+            self.created_at[key] = type(optimizer).__name__ + (
+                f" ({_short(where.file)}:{where.line})" if where else "")
 
     def _forward_pre(self, module, args) -> None:
         self._depth += 1
@@ -457,6 +543,14 @@ class _Run:
                 raise _Stop("time")
             if self.n_forwards > self.max_forwards and self.n_steps == 0:
                 raise _Stop("forwards")
+            if self._waiting_since is not None and \
+                    self.n_forwards - self._waiting_since > self.max_forwards:
+                names = ", ".join(f"{self.created_at.get(k, '?')} with "
+                                  f"{self.step_counts.get(k, 0)}" for k in self.lagging())
+                self.notes[f"not every optimizer stepped {self.steps} times: {names} "
+                           f"step(s) after {self.max_forwards} more forward passes; the "
+                           "plan stopped there (raise --max-forwards to wait longer)"] = None
+                raise _Stop("steps")
             if self.amp is not None and not torch.is_autocast_enabled("cpu"):
                 ac = torch.autocast("cpu", dtype=_AMP_DTYPES[self.amp])
                 ac.__enter__()
@@ -515,6 +609,9 @@ class _Run:
             sys.argv = old_argv
             self.seconds = time.perf_counter() - t0
             self._sample_rss()
+            # the whole process's peak (building the model on the host included), read, not
+            # reset; in a notebook it also holds what the notebook did before
+            self.rss_peak = max(self.rss_peak, _process_peak_rss())
         self._classify()
 
     def _explain(self, exc: BaseException) -> PlanError:
@@ -556,6 +653,82 @@ class _Run:
         return PlanError(
             f"the script raised {type(exc).__name__}{where} before its "
             f"{_nth(self.steps)} optimizer step: {exc}", kind="script", details=text_)
+
+
+def _process_peak_rss() -> int:
+    """This process's peak resident size so far (Linux ``VmHWM``; elsewhere
+    ``getrusage``'s ``ru_maxrss``), 0 where neither can be read."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+    except (ImportError, OSError):
+        return 0
+
+
+def _margin_text(fraction: float, min_bytes: int) -> str:
+    percent = f"{100 * fraction:.4g} %"
+    if fraction and min_bytes:
+        return f"max({percent}, {fmt_bytes(min_bytes)})"
+    return percent if fraction else fmt_bytes(min_bytes)
+
+
+def _check_margin(margin) -> tuple[float, int]:
+    """``margin`` as (fraction of the card, least bytes): None for the lessons' rule
+    max(15 %, 2 GiB), a percentage ("20%", "20 %") or a size (bytes, "4 GiB")."""
+    if margin is None:
+        return DEFAULT_MARGIN
+    if isinstance(margin, str) and margin.strip().endswith("%"):
+        number = margin.strip()[:-1].strip()
+        try:
+            percent = float(number)
+        except ValueError:
+            percent = math.nan
+        if not (0 <= percent < 100):  # also NaN
+            raise ValueError(f"margin must be a percentage from 0 % to below 100 % of the "
+                             f"card (e.g. '15%') or a size (e.g. '4 GiB'), got {margin!r}")
+        return percent / 100, 0
+    if isinstance(margin, float) and not math.isfinite(margin):
+        raise ValueError(f"margin must be a percentage such as '15%' or a size such as "
+                         f"'4 GiB', got {margin!r}")
+    try:
+        return 0.0, resolve_capacity(margin, what="margin", allow_zero=True)[1]
+    except ValueError as exc:
+        raise ValueError(f"{exc} (margin: a percentage of the card such as '15%', or a "
+                         "size such as '4 GiB'; None for max(15 %, 2 GiB))") from None
+
+
+_SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|\d+-\d+")
+
+
+def _slurm_time(value) -> str:
+    """``value`` as SLURM's ``--time``: a string in one of its formats or a whole number of
+    minutes; ValueError (TypeError for another type) naming time_limit otherwise."""
+    formats = ('"MM", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS" or a whole '
+               "number of minutes")
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise TypeError(f"time_limit must be a string ({formats}), got "
+                        f"{type(value).__name__}: {value!r}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value) or value <= 0:
+            raise ValueError(f"time_limit must be {formats}, got {value!r}")
+        value = int(value)
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"time_limit must be a positive number of minutes, got {value}")
+        return str(value)
+    value = value.strip()
+    if not _SLURM_TIME.fullmatch(value) or not any(ch in "123456789" for ch in value):
+        raise ValueError(f"time_limit must be {formats}, got {value!r}")
+    return value
 
 
 def _nth(n: int) -> str:
@@ -747,6 +920,7 @@ class _Patches:
             self._patch_module_to()
             self._patch_foreach()
             self._patch_distributed()
+            self._patch_optimizer_init()
             if run.checkpoint_every:
                 self._patch_sequential()
             from torch.optim.optimizer import (
@@ -827,6 +1001,8 @@ class _Patches:
                          "is listed")
             if device_type == "cuda":
                 device_type, dtype = "cpu", dtype or torch.float16
+                if enabled and dtype == torch.bfloat16:
+                    run.bf16 = True
             original(ac, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
         self._set(cls, "__init__", __init__)
@@ -913,6 +1089,7 @@ class _Patches:
         run = self.run
 
         def init_process_group(*args, **kwargs):
+            run.script_ddp = True  # the script sets up DDP itself
             world = int(os.environ.get("WORLD_SIZE", "1"))
             if world == 1 and not dist.is_initialized():
                 run.note("init_process_group ran as a one-process gloo group in the planner "
@@ -932,10 +1109,23 @@ class _Patches:
         def __init__(wrapper, module, device_ids=None, output_device=None, *args,  # noqa: N807
                      **kwargs):
             # the module's (fake) parameters report "cpu": device_ids would be refused
-            run.script_ddp = True
+            run.script_ddp = run.ddp_wrapped = True
             ddp_init(wrapper, module, None, None, *args, **kwargs)
 
         self._set(ddp, "__init__", __init__)
+
+    def _patch_optimizer_init(self) -> None:
+        """Each optimizer the script makes is seen at once (the stop rule waits for every
+        one of them, also for one that has not stepped yet)."""
+        run = self.run
+        cls = torch.optim.Optimizer
+        original = cls.__init__
+
+        def __init__(optimizer, *args, **kwargs):  # noqa: N807
+            original(optimizer, *args, **kwargs)
+            run._optimizer_made(optimizer)
+
+        self._set(cls, "__init__", __init__)
 
     def _patch_sequential(self) -> None:
         run = self.run
@@ -949,6 +1139,7 @@ class _Patches:
                     not torch.is_grad_enabled():
                 return original(seq, input)
             local.inside = True
+            run.n_checkpointed += 1
             try:
                 # checkpoint_sequential's segments have len // segments children each
                 # (the last one runs without a checkpoint): K children per checkpoint
@@ -967,7 +1158,13 @@ def _dtype_name(dtype) -> str:
 # ---------------------------------------------------------------------------------- the plan
 @dataclasses.dataclass(repr=False)
 class Plan(ShownAsTable):
-    """What the planner found: see :func:`will_it_fit`."""
+    """What the planner found: see :func:`will_it_fit`.
+
+    The verdict for each card (``cards``, ``table()``) is judged on ``needed_bytes``: the
+    caching allocator's peak *reserved* bytes + the context allowance (+ DDP's buckets), with
+    a margin (``margin_bytes(capacity)``: ``margin_fraction`` of the card, at least
+    ``margin_min_bytes``; by default the lessons' rule, max(15 %, 2 GiB)).
+    ``needed_allocated_bytes`` is the same sum with allocated bytes, shown beside it."""
 
     script: str
     args: list
@@ -997,15 +1194,38 @@ class Plan(ShownAsTable):
     workers: int = 0
     batch_runs: int = 0
     phase_peaks: dict = dataclasses.field(default_factory=dict)
+    margin_fraction: float = DEFAULT_MARGIN[0]
+    margin_min_bytes: int = DEFAULT_MARGIN[1]
+    optimizer_steps: dict = dataclasses.field(default_factory=dict)  # "Adam #1" -> steps
+    script_ddp: bool = False  # the script sets up DDP itself (init_process_group / DDP)
+    uses_bf16: bool = False  # the script computes in bfloat16 (autocast or bf16 weights)
+    fixes_reserved: dict = dataclasses.field(default_factory=dict)  # fix -> peak reserved
+    fix_notes: dict = dataclasses.field(default_factory=dict)  # fix -> why it changed nothing
 
     @property
     def needed_bytes(self) -> int:
-        """Peak allocated + the context allowance: what a card must have."""
+        """Peak reserved + the context allowance (+ DDP's buckets): what a card must hold,
+        the verdict's basis."""
+        return self.peak_reserved_bytes + self.context_bytes + self.ddp_extra_bytes
+
+    @property
+    def needed_allocated_bytes(self) -> int:
+        """Peak allocated + the context allowance (+ DDP's buckets): shown beside the
+        verdict; a card with only this much would run out of memory in the caching
+        allocator's model."""
         return self.peak_allocated_bytes + self.context_bytes + self.ddp_extra_bytes
 
     @property
     def ddp_extra_bytes(self) -> int:
         return self.ddp_bucket_bytes if self.ddp else 0
+
+    def margin_bytes(self, capacity_bytes: int) -> int:
+        """The margin kept free on a card of this capacity."""
+        return max(int(self.margin_fraction * capacity_bytes), self.margin_min_bytes)
+
+    @property
+    def margin_text(self) -> str:
+        return _margin_text(self.margin_fraction, self.margin_min_bytes)
 
     def card_fit(self, card: str) -> CardFit:
         name = card_name(card)
@@ -1016,26 +1236,31 @@ class Plan(ShownAsTable):
 
     @property
     def smallest_card(self) -> str | None:
-        """The smallest card that fits and that this torch build can drive."""
-        fitting = [c for c in self.cards if c.fits and c.drivable]
+        """The smallest card that fits with the margin and that this torch build can
+        drive."""
+        fitting = [c for c in self.cards if c.fits_with_margin and c.drivable]
         return min(fitting, key=lambda c: c.capacity_bytes).card if fitting else None
 
     def table(self) -> Table:
         rows = []
         for c in self.cards:
-            verdict = "fits" if c.fits else "out of memory"
+            verdict = c.verdict
             if not c.drivable:
                 verdict += " (this torch cannot drive it)"
             row = [c.card, fmt_bytes(c.capacity_bytes), f"{c.share:.0%}", verdict,
                    fmt_bytes(c.headroom_bytes) if c.fits else "-"]
             if self.batch_arg:
-                row.append("-" if c.largest_batch is None else
-                           f"{'>= ' if c.batch_capped else ''}{c.largest_batch}")
+                capped = ">= " if c.batch_capped else ""
+                row.append("-" if c.largest_batch is None else f"{capped}{c.largest_batch}")
+                row.append("-" if c.recommended_batch is None else
+                           f"{capped if c.recommended_batch == c.largest_batch else ''}"
+                           f"{c.recommended_batch}")
             rows.append(row)
         headers = ["card", "capacity", "needs", "verdict", "headroom"]
         if self.batch_arg:
-            headers.append(f"largest {self.batch_arg}")
-        return Table(headers, rows, title=f"{_short(self.script)} on each card")
+            headers += [f"largest {self.batch_arg}", "recommended"]
+        return Table(headers, rows, title=f"{_short(self.script)} on each card (reserved + "
+                     f"context; margin {self.margin_text})")
 
     def text(self) -> str:
         return "\n".join(self._lines())
@@ -1044,15 +1269,22 @@ class Plan(ShownAsTable):
         out = [f"Plan for {_short(self.script)} {' '.join(self.args)}".rstrip(),
                f"  ran until {self._stopped_text()} in ~{self.seconds:.1f} s on a virtual "
                f"{self.card} with fake tensors",
-               f"  peak: {fmt_bytes(self.peak_allocated_bytes)} allocated "
-               f"({fmt_bytes(self.peak_reserved_bytes)} reserved by the caching allocator) "
+               f"  peak: {fmt_bytes(self.peak_reserved_bytes)} reserved by the caching "
+               f"allocator ({fmt_bytes(self.peak_allocated_bytes)} allocated) "
                f"+ {fmt_bytes(self.context_bytes)} context allowance"]
         if self.ddp:
-            out.append(f"  DDP with {self.ddp} ranks: + {fmt_bytes(self.ddp_bucket_bytes)} "
-                       "of gradient buckets per rank (a copy of the gradients unless "
-                       "gradient_as_bucket_view=True); NCCL's buffers lie outside "
-                       "PyTorch's allocator and are not counted")
-        out.append(f"  = {fmt_bytes(self.needed_bytes)} per GPU")
+            if self.script_ddp:
+                out.append(f"  DDP with {self.ddp} ranks: the script wraps its model itself, "
+                           "so its buckets are in the peak; NCCL's buffers lie outside "
+                           "PyTorch's allocator and are not counted")
+            else:
+                out.append(f"  DDP with {self.ddp} ranks: + {fmt_bytes(self.ddp_bucket_bytes)}"
+                           " of gradient buckets per rank (a copy of the gradients unless "
+                           "gradient_as_bucket_view=True); NCCL's buffers lie outside "
+                           "PyTorch's allocator and are not counted")
+        out.append(f"  = {fmt_bytes(self.needed_bytes)} per GPU, the verdict's basis "
+                   f"({fmt_bytes(self.needed_allocated_bytes)} with allocated bytes); "
+                   f"margin {self.margin_text} of each card")
         out.append(f"  at the peak: {self.peak_phase}, {self.peak_op}, line "
                    f"{self.peak_line or '(not in the script)'}")
         if self.phase_peaks:
@@ -1071,13 +1303,20 @@ class Plan(ShownAsTable):
                 phase = _PHASE_TEXT.get(c.oom_phase, "")
                 out.append(f"  {c.card}: out of memory {phase} at {c.oom_at}".replace(
                     "  at", " at"))
-        if self.fixes:
+        if self.fixes or self.fix_notes:
             out.append("")
             out.append("Predicted peak with fixes the planner applied (script unchanged):")
-            for name, peak in self.fixes.items():
+            for name in {**self.fixes, **self.fix_notes}:
+                if name in self.fix_notes:
+                    out.append(f"  {name:<28} {self.fix_notes[name]}")
+                    continue
+                peak = self.fixes[name]
                 change = (peak - self.peak_allocated_bytes) / self.peak_allocated_bytes
-                out.append(f"  {name:<28} {fmt_bytes(peak + self.context_bytes)} "
-                           f"({change:+.0%} allocated)")
+                reserved = self.fixes_reserved.get(name)
+                needs = "" if reserved is None else \
+                    f"needs {fmt_bytes(reserved + self.context_bytes + self.ddp_extra_bytes)}, "
+                out.append(f"  {name:<28} {needs}allocated + context "
+                           f"{fmt_bytes(peak + self.context_bytes)} ({change:+.0%} allocated)")
         if self.stand_ins:
             out.append("")
             out.append("Values read from GPU tensors (answered with stand-ins):")
@@ -1108,31 +1347,37 @@ class Plan(ShownAsTable):
                 f"{html.escape(self.text())}</pre>")
 
     def _stopped_text(self) -> str:
+        if self.stopped == "steps" and len(self.optimizer_steps) > 1:
+            counts = ", ".join(f"{name} {n}" for name, n in self.optimizer_steps.items())
+            return f"every optimizer's {_nth(self.steps)} step (steps: {counts})"
         return {"steps": f"its {_nth(self.steps)} optimizer step",
                 "ended": "the end of the script"}.get(self.stopped, self.stopped)
 
-    def slurm(self, *, card: str | None = None, time_limit: str = "01:00:00") -> str:
-        """A SLURM batch script for the smallest card that fits (or ``card``), each line
-        with its reason; lines marked ``SITE`` use names that differ between clusters."""
+    def slurm(self, *, card: str | None = None, time_limit="01:00:00") -> str:
+        """A SLURM batch script for the smallest card that fits with the margin (or
+        ``card``), each line with its reason; lines marked ``SITE`` use names that differ
+        between clusters.
+
+        Args:
+            card: the card to ask for (default: :attr:`smallest_card`).
+            time_limit: ``--time``, in one of SLURM's formats ("MM", "MM:SS", "HH:MM:SS",
+                "D-HH", "D-HH:MM", "D-HH:MM:SS") or a whole number of minutes.
+        """
+        time_limit = _slurm_time(time_limit)
         fit = self.card_fit(card) if card is not None else None
         if fit is None:
             name = self.smallest_card
             if name is None:
-                raise ValueError("no known card fits this script as it is: apply a fix "
-                                 "(a smaller batch, --amp, --checkpoint-every) first")
+                raise ValueError(f"no known card fits this script with the margin "
+                                 f"({self.margin_text}): apply a fix (a smaller batch, --amp, "
+                                 "--checkpoint-every) first, or name a card")
             fit = self.card_fit(name)
         if not fit.drivable:
             raise ValueError(f"{fit.card} cannot run this torch build: pick another card")
-        n = self.ddp or 1
+        n = self.ddp if self.ddp and self.script_ddp else 1
         gres = fit.card.split("-")[0].lower()
-        if self.host_peak_bytes:
-            mem_gib = max(4, math.ceil(2 * self.host_peak_bytes * n / GiB))
-            mem_why = (f"host memory: 2 x the ~{fmt_bytes(self.host_peak_bytes)} this plan "
-                       f"measured{' per rank' if n > 1 else ''} (the real run also holds the "
-                       "CUDA context's host side and pinned buffers)")
-        else:
-            mem_gib = 16
-            mem_why = "SITE-SPECIFIC GUESS: host memory was not measured here"
+        constraint = SLURM_FEATURES[fit.card]
+        mem_gib, mem_why = self._slurm_mem(n)
         cpus = (self.workers or 3) + 1
         cpu_why = (f"the DataLoader's {self.workers} workers + the main process" if self.workers
                    else "a GUESS: the script uses no DataLoader workers; 3 more cores help "
@@ -1140,15 +1385,19 @@ class Plan(ShownAsTable):
         args = " ".join(_quote(a) for a in self.args)
         launch = (f"torchrun --standalone --nproc_per_node={n} {_short(self.script)} {args}"
                   if n > 1 else f"python {_short(self.script)} {args}").rstrip()
+        verdict = ("fits with the margin" if fit.fits_with_margin else
+                   f"{fit.verdict.upper()}: less than the margin ({self.margin_text}) left"
+                   if fit.fits else "OUT OF MEMORY: it does not fit")
         directives = [
             ("--job-name=train", "any name"),
+            ("--partition=gpu", "SITE: your cluster's GPU partition (sinfo lists them)"),
             ("--nodes=1", f"one node{f': {n} GPUs on it' if n > 1 else ''}"),
             ("--ntasks-per-node=1",
              "one launcher" + (" (torchrun starts the ranks)" if n > 1 else "")),
             (f"--gpus-per-node={n}", f"SITE: some clusters want --gres=gpu:{gres}:{n}"),
-            (f"--constraint={gres}", f"SITE: your cluster's feature (or partition) name for "
-             f"the {fit.card}: {fit.share:.0%} of it needed, {fmt_bytes(fit.headroom_bytes)} "
-             "headroom"),
+            (f"--constraint={constraint}", f"SITE: your cluster's feature name for the "
+             f"{fit.card} (sinfo -o '%f'): {fit.share:.0%} of it needed, "
+             f"{fmt_bytes(fit.headroom_bytes)} headroom, {verdict}"),
             (f"--cpus-per-task={cpus * n}", cpu_why),
             (f"--mem={mem_gib}G", mem_why),
             (f"--time={time_limit}", "your estimate: the planner does not time training"),
@@ -1156,14 +1405,55 @@ class Plan(ShownAsTable):
         width = max(len(d) for d, _ in directives) + len("#SBATCH ") + 2
         lines = ["#!/bin/bash"]
         lines += [f"{'#SBATCH ' + d:<{width}}# {why}" for d, why in directives]
-        lines += ["", f"{'module load cuda':<{width}}# SITE: or your site's PyTorch module",
-                  f"srun {launch}"]
+        lines.insert(3, f"{'##SBATCH --account=ACCOUNT':<{width}}# SITE: remove one # and name "
+                     "your project's account where the cluster asks for one")
+        if self.ddp and not self.script_ddp:
+            lines += ["", f"# --ddp {self.ddp}: this script does not set up DDP (no "
+                      "init_process_group or DistributedDataParallel was seen), so torchrun "
+                      "would run", f"# {self.ddp} independent copies: make it a DDP script "
+                      "first (lesson 03); this request is for one GPU"]
+        major, minor = COMPUTE_CAPABILITY[fit.card]
+        # torch.cuda.is_bf16_supported(): native bf16 from compute capability 8.0; below it
+        # only "including_emulation" (torch/cuda/__init__.py)
+        if self.uses_bf16 and (major, minor) < (8, 0):
+            lines += ["", f"# NOTE: the script computes in bfloat16, and the {fit.card} "
+                      f"(compute capability {major}.{minor}) has no bfloat16 tensor cores",
+                      "# (torch.cuda.is_bf16_supported() needs 8.0): bf16 is emulated and "
+                      "slow there; use float16 with a GradScaler"]
+        lines += ["", f"{'source .venv/bin/activate':<{width}}# SITE: your environment "
+                  "(or `module load` / `conda activate` your site's PyTorch); a pip "
+                  "torch brings its own CUDA",
+                  # SLURM 22.05's release notes: srun no longer reads SLURM_CPUS_PER_TASK
+                  "# srun does not pass --cpus-per-task on to the step since SLURM 22.05:",
+                  f"srun --cpus-per-task=$SLURM_CPUS_PER_TASK {launch}"]
         return "\n".join(lines) + "\n"
+
+    def _slurm_mem(self, n: int) -> tuple[int, str]:
+        """``--mem`` in GiB and the comment that explains it."""
+        if not self.host_peak_bytes:
+            return 16, "SITE-SPECIFIC GUESS: host memory was not measured here"
+        per_rank = (self.host_peak_bytes + CUDA_HOST_BYTES
+                    + self.workers * WORKER_HOST_BYTES)
+        mem_gib = max(4, math.ceil(1.25 * n * per_rank / GiB))
+        parts = [f"{fmt_bytes(self.host_peak_bytes)} (this plan's process peak RSS, "
+                 "building the model included)",
+                 f"{fmt_bytes(CUDA_HOST_BYTES)} (an allowance for the CUDA libraries' host "
+                 "memory)"]
+        if self.workers:
+            parts.append(f"{self.workers} DataLoader workers x "
+                         f"{fmt_bytes(WORKER_HOST_BYTES)} (an allowance per worker)")
+        ranks = f"{n} ranks x " if n > 1 else ""
+        return mem_gib, f"host memory: {ranks}({' + '.join(parts)}) + 25 %, rounded up"
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["needed_bytes"] = self.needed_bytes
+        d["needed_allocated_bytes"] = self.needed_allocated_bytes
         d["smallest_card"] = self.smallest_card
+        d["margin"] = self.margin_text
+        for c, card in zip(d["cards"], self.cards, strict=True):
+            c["verdict"] = card.verdict
+            c["fits_with_margin"] = card.fits_with_margin
         return d
 
 
@@ -1270,7 +1560,7 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
                 checkpoint_every: int | None = None, ddp: int | None = None,
                 gradient_as_bucket_view: bool = False, context=DEFAULT_CONTEXT,
                 max_forwards: int = 50, time_limit: float = 600.0,
-                fake: bool = True) -> Plan:
+                fake: bool = True, margin=None) -> Plan:
     """Plan a GPU job from an unmodified PyTorch training script (``python -m helpers.fit``).
 
     Args:
@@ -1279,8 +1569,10 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
         args: the script's own command-line arguments (a list of strings).
         gpu: the card the script sees (``torch.cuda.get_device_name()``, ``mem_get_info``...);
             one of ``KNOWN_GPUS``. The peak is compared with every known card either way.
-        steps: stop after this many optimizer steps (default 2: Adam's state exists from
-            the first; the second is the steady state).
+        steps: stop when every optimizer the script made has stepped this many times
+            (default 2: Adam's state exists from the first; the second is the steady state;
+            a GAN's two optimizers both reach it). An optimizer that does not step within
+            ``max_forwards`` forward passes of the others' last step is not waited for.
         strict: stop at the first value the script reads from a GPU tensor instead of
             answering it with a stand-in.
         batch_arg: the script's batch-size option (e.g. ``"--batch-size"``): also find the
@@ -1296,15 +1588,23 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
             (about no extra memory); False (DDP's default) adds a copy of the gradients.
         context: memory a card loses to the CUDA context (bytes or a size; 500 MiB).
         max_forwards: stop a script that never calls ``optimizer.step()`` after this many
-            forward passes of its model (then a PlanError says so).
+            forward passes of its model (then a PlanError says so; raise it for gradient
+            accumulation over more forward passes).
         time_limit: seconds one run of the script may take (at most a week); a run that
             swallows the planner's stop (a bare ``except:``) is killed a grace later.
         fake: True (default): fake tensors (full scale, nothing computed). False: real CPU
             tensors counted the same way (a reference run at small sizes, for tests).
+        margin: what each card keeps free for what the planner cannot see: a percentage
+            of the card (``"20%"``) or a size (``"4 GiB"``, bytes); None (default): the
+            lessons' rule, max(15 %, 2 GiB). Verdicts are judged on peak reserved + context
+            (+ DDP's buckets): "fits", "fits, inside the margin" or "out of memory";
+            ``smallest_card``, ``slurm()`` and each card's ``recommended_batch`` keep the
+            margin.
 
     Returns:
-        A :class:`Plan`: ``peak_allocated_bytes``, ``categories``, ``peak_line``, ``cards``
-        (fits, headroom, the line at the out-of-memory error, largest batch), ``stand_ins``,
+        A :class:`Plan`: ``needed_bytes`` (reserved + context), ``peak_allocated_bytes``,
+        ``categories``, ``peak_line``, ``cards`` (verdict, headroom, the line at the
+        out-of-memory error, largest and recommended batch), ``stand_ins``,
         ``saves``, ``fixes``, ``slurm()``, ``text()``.
 
     Raises:
@@ -1339,6 +1639,7 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
     context = resolve_capacity(context, what="context", allow_zero=True)[1]
     max_forwards = positive_int(max_forwards, "max_forwards", 100_000)
     time_limit = real_number(time_limit, "time_limit", minimum=0.1, maximum=_MAX_TIME_LIMIT)
+    margin_fraction, margin_min = _check_margin(margin)
     args = list(args)
     if not sandbox.in_child():
         # the script runs in a process of its own: nothing it does reaches this one
@@ -1355,8 +1656,9 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
             raise PlanError(
                 f"the script never called optimizer.step() in {max_forwards} forward passes "
                 "of its model: the planner plans training steps. (It stopped after those "
-                f"forward passes; the peak so far was {fmt_bytes(r.gpu.peak_allocated_bytes)}.)",
-                kind="no-step")
+                f"forward passes; the peak so far was {fmt_bytes(r.gpu.peak_allocated_bytes)}.)"
+                " If it accumulates gradients over more forward passes than that, raise "
+                "--max-forwards (max_forwards=).", kind="no-step")
         if r.stopped == "time":
             raise PlanError(
                 f"the script did not reach its {_nth(steps)} optimizer step within "
@@ -1371,11 +1673,19 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
 
     main = run_once(args)
     params = {}
+    bf16 = main.bf16
     for opt in main.optimizers:
         for group in opt.param_groups:
             for p in group["params"]:
                 if p.requires_grad:
                     params[id(p)] = p.numel() * p.element_size()
+                    bf16 = bf16 or p.dtype == torch.bfloat16
+    optimizer_steps = {}
+    for opt in main.optimizers:
+        name = type(opt).__name__
+        label = name if name not in optimizer_steps else \
+            f"{name} #{sum(k.split(' #')[0] == name for k in optimizer_steps) + 1}"
+        optimizer_steps[label] = main.step_counts[id(opt)]
     param_bytes = sum(params.values())
     plan = Plan(
         script=path, args=args, card=card, steps=steps, stopped=main.stopped,
@@ -1387,37 +1697,63 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
         autocast_differences=[(name, where, c, extra) for (name, where), (c, extra)
                               in main.autocast_diffs.items()],
         cards=[], host_peak_bytes=main.rss_peak, seconds=main.seconds, batch_arg=batch_arg,
-        ddp=ddp, ddp_bucket_bytes=0 if gradient_as_bucket_view or main.script_ddp
+        ddp=ddp, ddp_bucket_bytes=0 if gradient_as_bucket_view or main.ddp_wrapped
         else param_bytes,
         parameter_bytes=param_bytes, torch_cuda=torch.version.cuda,
-        workers=main.used_workers, phase_peaks=dict(main.phase_peaks))
-    if ddp and main.script_ddp:
+        workers=main.used_workers, phase_peaks=dict(main.phase_peaks),
+        margin_fraction=margin_fraction, margin_min_bytes=margin_min,
+        optimizer_steps=optimizer_steps, script_ddp=main.script_ddp, uses_bf16=bf16)
+    if ddp and main.script_ddp and main.ddp_wrapped:
         plan.notes["the script wraps its model in DistributedDataParallel itself: its "
                    "buckets are in the measured peak, so --ddp adds nothing more"] = None
+    if ddp and not main.script_ddp:
+        plan.notes[f"--ddp {ddp}: the script does not set up DDP (no init_process_group or "
+                   "DistributedDataParallel was seen): the plan is each rank's memory once "
+                   "it does (lesson 03); the SLURM request is for one GPU"] = None
     for name, cap in KNOWN_GPUS.items():
         line, phase = main._crossings.get(name, (None, ""))
         needed = plan.needed_bytes
         plan.cards.append(CardFit(card=name, capacity_bytes=cap, needed_bytes=needed,
                                   fits=needed <= cap, drivable=_drivable(name),
-                                  oom_at=line, oom_phase=phase))
+                                  oom_at=line, oom_phase=phase,
+                                  needed_allocated_bytes=plan.needed_allocated_bytes,
+                                  margin_bytes=plan.margin_bytes(cap)))
     if amp is not None:
-        plan.fixes[f"--amp {amp}"] = run_once(args, amp_=amp,
-                                              quiet=True).gpu.peak_allocated_bytes
+        r = run_once(args, amp_=amp, quiet=True)
+        plan.fixes[f"--amp {amp}"] = r.gpu.peak_allocated_bytes
+        plan.fixes_reserved[f"--amp {amp}"] = r.gpu.peak_reserved_bytes
     if checkpoint_every is not None:
-        plan.fixes[f"--checkpoint-every {checkpoint_every}"] = run_once(
-            args, ckpt=checkpoint_every, quiet=True).gpu.peak_allocated_bytes
+        name = f"--checkpoint-every {checkpoint_every}"
+        try:
+            r = run_once(args, ckpt=checkpoint_every, quiet=True)
+        except PlanError as exc:  # e.g. an in-place op at a segment's edge: the plan stands
+            r = None
+            why = (" (an in-place operation, such as ReLU(inplace=True), at the edge of a "
+                   "checkpointed segment breaks its recomputation)"
+                   if "inplace operation" in str(exc) else "")
+            plan.fix_notes[name] = f"could not be applied (no prediction): {exc}{why}"
+        if r is not None:
+            plan.fixes[name] = r.gpu.peak_allocated_bytes
+            plan.fixes_reserved[name] = r.gpu.peak_reserved_bytes
+        if r is not None and r.n_checkpointed == 0:
+            plan.fix_notes[name] = (
+                "nothing was wrapped: no nn.Sequential with 2 or more children ran in "
+                "training mode (a model built from an nn.ModuleList, such as most "
+                "transformers, needs torch.utils.checkpoint in its own forward)")
     if batch_arg is not None:
         _search_batches(plan, args, batch_arg, multiple_of, max_batch,
-                        lambda argv: run_once(argv, quiet=True).gpu.peak_allocated_bytes)
+                        lambda argv: run_once(argv, quiet=True).gpu.peak_reserved_bytes)
     return plan
 
 
 def _search_batches(plan: Plan, args, name, multiple_of, max_batch, measure) -> None:
-    """The largest batch (a multiple of ``multiple_of``) that fits each card, by re-running
-    the script. Memory is close to a line in the batch size, so each card's next size is
-    the line's prediction through the two measured sizes nearest its capacity (a secant
-    step), kept inside the bracket known so far; a card is done when a size fits and the
-    next multiple does not. Sizes are measured once for all cards together."""
+    """The largest batch (a multiple of ``multiple_of``) that fits each card, and the
+    largest that fits with the plan's margin (``recommended_batch``), by re-running the
+    script (``measure`` gives the peak reserved bytes). Memory is close to a line in the
+    batch size, so each card's next size is the line's prediction through the two measured
+    sizes nearest its capacity (a secant step), kept inside the bracket known so far; a
+    card is done when a size fits and the next multiple does not. Sizes are measured once
+    for all cards together."""
     memo: dict[int, int] = {}
     extra = plan.context_bytes + plan.ddp_extra_bytes
     m = multiple_of
@@ -1439,8 +1775,9 @@ def _search_batches(plan: Plan, args, name, multiple_of, max_batch, measure) -> 
                         "script's batch-size option, and is the data set larger than the "
                         "batch?", kind="batch-arg")
     saturated: set[int] = set()
-    for c in plan.cards:
-        cap = c.capacity_bytes
+
+    def largest(cap: int) -> int | None:
+        """The largest measured size whose need is at most ``cap``, measuring more."""
         lo = hi = None
         for _ in range(30):
             fits = sorted(x for x, n in memo.items() if n <= cap)
@@ -1476,8 +1813,13 @@ def _search_batches(plan: Plan, args, name, multiple_of, max_batch, measure) -> 
         if lo is not None and lo > b and half >= m and needed(lo) <= needed(half):
             saturated.add(half)  # twice the batch cost nothing more: the data set limits it
             lo = None
-        c.largest_batch = lo
-        c.batch_capped = lo is not None and lo + m > top
+        return lo
+
+    for c in plan.cards:
+        c.largest_batch = largest(c.capacity_bytes)
+        c.batch_capped = c.largest_batch is not None and c.largest_batch + m > top
+        c.recommended_batch = largest(c.capacity_bytes - c.margin_bytes) \
+            if c.largest_batch is not None else None
     plan.batch_runs = len(memo)
     if saturated:
         plan.notes[f"beyond {name} {min(saturated)}, a larger {name} did not change the "

@@ -27,6 +27,8 @@ CASES = {
     "resnet_amp.py": (["--no-amp"], 2, {"bool()", "item()"}, 0, []),
     "transformer_lm.py": ([], 2, {"item()"}, 0, []),
     "lightning_style.py": ([], 9, {"bool()", "item()"}, 1, []),
+    # two optimizers: planned when each has stepped twice
+    "gan_two_optimizers.py": ([], 2, {"item()"}, 0, []),
 }
 
 
