@@ -188,14 +188,14 @@ def test_a_batch_search_repeats_no_side_effect(tmp_path, monkeypatch, capsys):
         assert open("runs.log").read() == "", "an earlier run's write was seen"
         open("runs.log", "a").write("one run\\n")
         print("SIDE EFFECT")
-        model = nn.Linear(64, 64).cuda()
+        model = nn.Linear(1024, 1024).cuda()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(3):
-            model(torch.randn(args.batch_size, 64).cuda()).sum().backward()
+            model(torch.randn(args.batch_size, 1024).cuda()).sum().backward()
             opt.step()
         """)
-    plan = will_it_fit(script, ["--batch-size", "32"], batch_arg="--batch-size",
-                       max_batch=64)
+    plan = will_it_fit(script, ["--batch-size", "1024"], batch_arg="--batch-size",
+                       multiple_of=1024, max_batch=2048)
     assert plan.batch_runs >= 2
     assert capsys.readouterr().out.count("SIDE EFFECT") == 1
     assert (tmp_path / "runs.log").read_text() == ""
