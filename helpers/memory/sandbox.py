@@ -316,7 +316,7 @@ class _Server:
 
         self._last_pid = None
         socket.send_fds(self.sock, [pickle.dumps(("plan", folder))], list(fds))
-        end = time.monotonic() + 30
+        end = time.monotonic() + STARTUP_S  # the first answer waits for torch's import
         while self._last_pid is None:
             if not self._receive(block=True) or time.monotonic() > end:
                 raise OSError("the planner's server did not answer")
@@ -357,6 +357,8 @@ def _start(folder: str) -> _Started:
                 _server = _Server()
             return _Forked(_server, folder)
         except OSError:
+            if _server is not None:
+                _server.stop()
             _server = None  # no server here: a new Python for this plan
     return _Popened(folder)
 
