@@ -1176,7 +1176,8 @@ class _Patches:
             if device_type == "cuda" and enabled:
                 run.note(f"torch.autocast('cuda', {_dtype_name(dtype or torch.float16)}) ran "
                          "as CPU autocast with that dtype, and the ops whose type CUDA's "
-                         "autocast sets otherwise ran as on CUDA (listed above)")
+                         "autocast sets otherwise ran as on CUDA (under 'Run as CUDA would', if "
+                         "the script has any)")
             if device_type == "cuda":
                 device_type, dtype = "cpu", dtype or torch.float16
                 if enabled and dtype == torch.bfloat16:
