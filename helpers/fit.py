@@ -49,9 +49,15 @@ it fits with less than the margin left; "out of memory". --margin is a percentag
 table shows the largest batch that fits and the recommended one (it fits with the margin);
 --slurm asks for the smallest card that fits with the margin.
 
+run as CUDA would (each call listed under "Run as CUDA would"): attention
+(F.scaled_dot_product_attention, nn.MultiheadAttention) takes the backend CUDA picks for the
+--gpu card (cuDNN, flash, memory-efficient or math) and keeps what it keeps; under autocast,
+the ops CUDA runs in float32 (GroupNorm, LayerNorm, softmax, exp...) are counted so;
+nn.LSTM/GRU/RNN keep a lower bound of cuDNN's reserve space (its exact size needs a GPU).
+
 what it cannot see (that is what the margin is for): cuDNN/cuBLAS workspaces, the real CUDA
 context (a fixed --context is added), other processes on the card, fragmentation over a long
-run, CUDA-only kernels (flash attention), NCCL's buffers.
+run, custom CUDA kernels (flash-attn, apex, Triton), NCCL's buffers.
 
 the script runs in a process of its own; its file writes go to a throw-away folder (your
 files are never changed) and are listed; it may not start processes (mp.spawn: use --ddp N).

@@ -15,7 +15,9 @@
 On the CPU (and in full-scale mode) the numbers are exact bytes of live tensor storages. On a
 CUDA device the same call also reads the real allocator's statistics (``report.cuda``).
 Inside a ``VirtualGPU`` the report uses the virtual GPU's accounting (and its rounding).
-Used by lessons 04-08.
+It counts the kernels of the device it runs on: on the CPU an ``nn.LSTM`` step includes
+oneDNN's workspace, where ``will_it_fit`` (which plans a CUDA card) counts cuDNN's reserve
+space instead (:mod:`.cuda_dispatch`). Used by lessons 04-08.
 """
 
 from __future__ import annotations

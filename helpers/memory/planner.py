@@ -22,9 +22,17 @@ How it works (the "device-scoped full scale" of the kit's memory engine):
   compute. Operations on fake tensors make fake tensors, which the engine counts as GPU
   memory (``Engine.propagate``). Host tensors (the DataLoader's batches, Adam's step
   counters) stay real and are not counted, as on a real GPU.
-* ``torch.autocast("cuda")`` runs as CPU autocast with the same dtype (the op lists differ:
-  the ops whose dtype would differ on CUDA are listed); ``GradScaler("cuda")`` works; Adam
-  and gradient clipping take their ``foreach`` paths, as on CUDA.
+* ``torch.autocast("cuda")`` runs as CPU autocast with the same dtype, and the ops whose
+  type CUDA's autocast sets otherwise (its float32 list: GroupNorm, LayerNorm, the losses,
+  softmax...; its "promote" list; ``einsum`` and the other ops only CUDA casts down) run as
+  on CUDA, so their bytes are in the peak; ``GradScaler("cuda")`` works; Adam and gradient
+  clipping take their ``foreach`` paths, as on CUDA.
+* Where CUDA's kernels keep other memory than the CPU's (:mod:`.cuda_dispatch`), fake runs
+  take CUDA's: ``scaled_dot_product_attention`` (also in ``nn.MultiheadAttention``) runs
+  the backend CUDA would pick for the chosen card (cuDNN, flash, memory-efficient or math,
+  by PyTorch's sdp_utils.cpp rules) with that backend's own op, so no L x L matrix is kept
+  where CUDA keeps none; ``nn.LSTM``/``GRU``/``RNN`` keep a lower bound of cuDNN's reserve
+  space until backward. The plan lists each call and the model used (``Plan.dispatch``).
 * Values read from GPU tensors (``loss.item()``, ``print(loss)``, ``if torch.isnan(loss)``)
   get stand-in values (1.0 or 1 for a number, ``False`` for a truth value but ``True`` for
   ``isfinite``, zeros for a tensor copied to the host), and each file and line that asked is
@@ -43,8 +51,9 @@ it re-runs the script only for the batch-size search (``batch_arg``) and for eac
 
 What it cannot see (say so, and leave a margin): cuDNN/cuBLAS workspaces, the CUDA context
 (a fixed ``context`` allowance is added, 500 MiB by default), other processes on the card,
-fragmentation over a long run, kernels that exist only on CUDA (flash attention saves less
-than the CPU's math path), NCCL's buffers, and tensors the script makes with
+fragmentation over a long run, cuDNN's exact RNN reserve size (a lower bound is counted),
+custom CUDA kernels (flash-attn, apex, Triton), NCCL's buffers, and tensors the script makes
+with
 ``device=t.device`` of a GPU tensor (they are seen as host tensors, because fake tensors
 report ``cpu``).
 """
@@ -72,7 +81,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..core.checks import choice, flag, positive_int, real_number, text, whole_number
 from ..core.fmt import GiB, MiB, ShownAsTable, Table, fmt_bytes
-from . import sandbox
+from . import cuda_dispatch, sandbox
 from .capacity import COMPUTE_CAPABILITY, KNOWN_GPUS, card_name, resolve_capacity
 from .cuda_standin import SimulatedCuda
 from .sources import ProcessRamSource
@@ -109,15 +118,8 @@ CUDA_HOST_BYTES = 2 * GiB
 WORKER_HOST_BYTES = 512 * MiB
 
 #: ops that CUDA autocast runs in float32 (PyTorch's AMP docs: "CUDA Ops that can autocast to
-#: float32"); on the CPU some of them stay in bfloat16/float16, so the plan lists them
-CUDA_FP32_OPS = frozenset("""
-acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow softplus
-layer_norm group_norm norm normalize cosine_similarity poisson_nll_loss cosine_embedding_loss
-nll_loss hinge_embedding_loss kl_div l1_loss smooth_l1_loss huber_loss mse_loss
-margin_ranking_loss multilabel_margin_loss soft_margin_loss triplet_margin_loss
-multi_margin_loss binary_cross_entropy_with_logits dist pdist cdist renorm logsumexp prod
-cumprod cumsum sum softmax log_softmax softmin cross_entropy
-""".split())
+#: float32"); the plan runs them so (:mod:`.cuda_dispatch`)
+CUDA_FP32_OPS = cuda_dispatch.CUDA_FP32_OPS | cuda_dispatch.CUDA_FP32_OUT_OPS
 
 _HELPERS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -297,6 +299,8 @@ class _Run:
         self.saves: list[CodeLine] = []
         self.notes: dict[str, CodeLine | None] = {}
         self.autocast_diffs: dict[tuple, list] = {}
+        self.dispatches: dict[tuple, cuda_dispatch.Dispatch] = {}
+        self.device_mode: _DeviceMode | None = None
         self.optimizers: list = []  # those that stepped, in the order of their first step
         self.step_counts: dict[int, int] = {}  # id(optimizer) -> its steps so far
         self.created = weakref.WeakValueDictionary()  # id -> each optimizer made (alive)
@@ -754,12 +758,54 @@ def _stand_in(func, t):
     return 1
 
 
+class _KeepForBackward(torch.autograd.Function):
+    """Passes a tensor through and saves ``kept`` for backward: memory that lives from here
+    until backward reaches this point (or the graph is dropped)."""
+
+    @staticmethod
+    def forward(ctx, tensor, kept):
+        ctx.save_for_backward(kept)
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+_NOT_MODELLED = object()
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+_RNNS = (torch._VF.lstm, torch._VF.gru, torch._VF.rnn_tanh, torch._VF.rnn_relu)
+_CUDA_REFUSES = {"binary_cross_entropy"}
+_AUTOCAST_TEXT = {
+    "fp32": ("float32 (CUDA autocast)", "CUDA casts its inputs to float32"),
+    "fp32_out": ("float32 output (CUDA autocast)", "CUDA writes a float32 output"),
+    "promote": ("the widest input type (CUDA autocast)", "CUDA casts its inputs to the "
+                "widest of their types"),
+    "lower": ("low precision (CUDA autocast)", "CUDA casts its inputs down"),
+    "as_is": ("its input type (CUDA autocast)", "CUDA runs it in its inputs' type, the CPU's "
+              "autocast in float32"),
+}
+
+
+def _any_tensor(args, kwargs, kind) -> bool:
+    def walk(obj) -> bool:
+        if isinstance(obj, kind):
+            return True
+        if isinstance(obj, (list, tuple)):
+            return any(walk(o) for o in obj)
+        if isinstance(obj, dict):
+            return any(walk(o) for o in obj.values())
+        return False
+    return walk(args) or walk(kwargs)
+
+
 class _DeviceMode(TorchFunctionMode):
     """Sends what the script puts on the GPU to fake (or counted) tensors, and answers reads."""
 
     def __init__(self, run: _Run):
         super().__init__()
         self.run = run
+        run.device_mode = self
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -777,6 +823,8 @@ class _DeviceMode(TorchFunctionMode):
             return False
         if "device" in kwargs and _is_cuda(kwargs["device"]):
             return run.make_on_device(func, args, kwargs)
+        if run.fake and (out := self._as_on_cuda(func, args, kwargs)) is not _NOT_MODELLED:
+            return out
         out = func(*args, **kwargs)
         if run.fake and isinstance(out, run._fake_type) and out.dtype == torch.bool:
             name = getattr(func, "__name__", "")
@@ -787,16 +835,152 @@ class _DeviceMode(TorchFunctionMode):
                 truth = args[0]._planner_truth
                 out._planner_truth = (not truth) if name in ("logical_not", "__invert__") \
                     else truth
-        if torch.is_autocast_enabled("cpu") and isinstance(out, torch.Tensor) and \
-                out.dtype in _LOW:
-            name = getattr(func, "__name__", "")
-            if name in CUDA_FP32_OPS:
-                where = run.user_line(sys._getframe(1))
-                key = (name, where)
-                entry = run.autocast_diffs.setdefault(key, [0, 0])
-                entry[0] += 1
-                entry[1] += out.numel() * 2  # bytes the fp32 output adds on CUDA
         return out
+
+    # ------------------------------------------------------------ CUDA's dispatch
+    def _as_on_cuda(self, func, args, kwargs):
+        """Run ``func`` as CUDA would where its memory differs from the CPU kernel's
+        (:mod:`.cuda_dispatch`), or return ``_NOT_MODELLED``."""
+        run = self.run
+        fake = run._fake_type
+        if func is _SDPA:
+            a = cuda_dispatch.sdpa_args(args, kwargs)
+            if isinstance(a["query"], fake):
+                return self._sdpa(a)
+            return _NOT_MODELLED
+        if func in _RNNS:
+            if args and isinstance(args[0], fake):
+                return self._rnn(func, args, kwargs)
+            return _NOT_MODELLED
+        if torch.is_autocast_enabled("cpu"):
+            low = torch.get_autocast_dtype("cpu")
+            name = getattr(func, "__name__", "")
+            if low not in _LOW or not _any_tensor(args, kwargs, fake):
+                return _NOT_MODELLED
+            if name in _CUDA_REFUSES:
+                run.note(f"CUDA autocast refuses {name} (\"unsafe to autocast\"): on a GPU "
+                         "this line raises; use binary_cross_entropy_with_logits")
+            policy = cuda_dispatch.autocast_policy(name)
+            if policy is None:
+                return _NOT_MODELLED
+            out, copies, differs = cuda_dispatch.run_autocast(policy, func, args, kwargs, low)
+            first = out[0] if isinstance(out, (tuple, list)) and out else out
+            if differs and isinstance(first, torch.Tensor):
+                model, detail = _AUTOCAST_TEXT[policy]
+                extra = copies
+                if policy in ("fp32", "fp32_out") and first.dtype == torch.float32:
+                    extra += first.numel() * (4 - torch.finfo(low).bits // 8)
+                self._record(name, model, f"{detail}; the CPU's autocast would run it "
+                             "otherwise", extra)
+                if policy in ("fp32", "fp32_out"):
+                    where = run.user_line(sys._getframe(2))
+                    entry = run.autocast_diffs.setdefault((name, where), [0, 0])
+                    entry[0] += 1
+                    entry[1] += extra
+            return out
+        return _NOT_MODELLED
+
+    def _record(self, op: str, model: str, detail: str, extra: int = 0) -> None:
+        run = self.run
+        where = run.user_line(sys._getframe(2))
+        key = (op, where, model, detail)
+        if key in run.dispatches:
+            run.dispatches[key].count += 1
+            run.dispatches[key].extra_bytes += extra
+        else:
+            run.dispatches[key] = cuda_dispatch.Dispatch(op, where, model, detail, 1, extra)
+
+    def _sdpa(self, a: dict):
+        run = self.run
+        q, k, v = a["query"], a["key"], a["value"]
+        autocast = torch.is_autocast_enabled("cpu")
+        if autocast:  # CUDA autocast casts SDPA's floating inputs to the low type
+            low = torch.get_autocast_dtype("cpu")
+            q, k, v = (t.to(low) if t.is_floating_point() and t.dtype == torch.float32
+                       else t for t in (q, k, v))
+            m = a["attn_mask"]
+            if isinstance(m, torch.Tensor) and m.dtype == torch.float32:
+                a["attn_mask"] = m.to(low)
+        dropout = float(a["dropout_p"])
+        cc = COMPUTE_CAPABILITY[run.card]
+        backend, why = cuda_dispatch.sdpa_backend(
+            q, k, v, attn_mask=a["attn_mask"], dropout_p=dropout, is_causal=a["is_causal"],
+            enable_gqa=a["enable_gqa"], cc=cc)
+        if backend == "error":
+            raise PlanError(f"no attention backend of CUDA can run this call on the "
+                            f"{run.card}: {why} (torch would raise 'No available kernel')",
+                            kind="script")
+        cpu = cuda_dispatch.cpu_sdpa_backend(dict(a, query=q, key=k, value=v))
+        mask = "no mask" if a["attn_mask"] is None else "a mask"
+        detail = (f"{cuda_dispatch._dt(q.dtype)}, head {q.shape[-1]}, "
+                  f"{'causal' if a['is_causal'] else mask}, dropout {dropout:g}, on the "
+                  f"{run.card} (sm{cc[0]}{cc[1]}); the CPU would use its "
+                  f"{cuda_dispatch.SDPA_BACKENDS[cpu]}")
+        if why:
+            detail += f"; not taken: {why}"
+        self._record("scaled_dot_product_attention",
+                     f"CUDA's {cuda_dispatch.SDPA_BACKENDS[backend]}", detail)
+        with torch.autocast("cpu", enabled=False):
+            mask = cuda_dispatch.prepare_mask(backend, q, k, a["attn_mask"])
+            call = (backend, q, k, v, mask, dropout, a["is_causal"], a["scale"],
+                    a["enable_gqa"])
+            if backend == "math":
+                return cuda_dispatch.run_sdpa(*call)[0]
+            # the fused kernels' RNG seed and offset live on the host: count only the
+            # output and the log-sum-exp
+            with run.gpu.paused():
+                out, lse = cuda_dispatch.run_sdpa(*call)
+            run.engine.adopt([out, lse], "activations and temporaries",
+                             op=f"aten.scaled_dot_product_attention ({backend})")
+            return out
+
+    def _rnn(self, func, args, kwargs):
+        """cuDNN's RNN: the CPU's kernel gives the outputs, and a reserve space of the
+        modelled size is saved for backward, as cuDNN's is: made before the call, freed when
+        backward has gone through the RNN (it hangs on a weight's or the input's way back)."""
+        run = self.run
+        name = func.__name__
+        packed = len(args) > 1 and isinstance(args[1], torch.Tensor) and \
+            args[1].dtype == torch.int64 and args[1].dim() == 1
+        hx_at, params_at = (2, 3) if packed else (1, 2)
+        hx, params = args[hx_at], list(args[params_at])
+        h = hx[1] if isinstance(hx, (tuple, list)) else hx  # an LSTM's cell: hidden size
+        x = args[0]
+        carrier = next((i for i, w in enumerate(params) if isinstance(w, torch.Tensor)
+                        and w.requires_grad), None)
+        if not torch.is_grad_enabled() or (carrier is None and not x.requires_grad):
+            return _NOT_MODELLED  # nothing to go back through: cuDNN keeps no reserve
+        if not torch.backends.cudnn.enabled:
+            self._record(name, "PyTorch's native RNN (cudnn.enabled is False)",
+                         "the CPU's kernel stands in for it")
+            return _NOT_MODELLED
+        steps_batch = x.shape[0] if packed or x.dim() < 3 else x.shape[0] * x.shape[1]
+        bidirectional = bool(args[params_at + 5])
+        dirs = 2 if bidirectional else 1
+        dtype = x.dtype
+        if torch.is_autocast_enabled("cpu") and dtype == torch.float32:
+            dtype = torch.get_autocast_dtype("cpu")  # AutocastRNN.cpp: _cudnn_rnn casts
+        nbytes = cuda_dispatch.rnn_reserve_bytes(
+            name, steps=steps_batch, batch=1, hidden=h.shape[-1], layers=h.shape[0] // dirs,
+            directions=dirs, itemsize=torch.finfo(dtype).bits // 8)
+        with run.fake_mode:
+            reserve = torch.empty(nbytes, dtype=torch.uint8)
+        run.engine.adopt([reserve], "activations and temporaries",
+                         op=f"cuDNN's {name} reserve space")
+        args = list(args)
+        if carrier is not None:
+            params[carrier] = _KeepForBackward.apply(params[carrier], reserve)
+            args[params_at] = params
+        else:
+            args[0] = _KeepForBackward.apply(x, reserve)
+        del reserve
+        per = cuda_dispatch.RNN_KEPT_PER_STEP[name]
+        self._record(name, "cuDNN's RNN with a reserve space (a lower bound)",
+                     f"{fmt_bytes(nbytes)} kept for backward: {per} x hidden "
+                     f"{h.shape[-1]} per layer, direction, step and batch row, as PyTorch's "
+                     "fused CUDA cells keep; cuDNN's exact size is known only on a GPU; "
+                     "the CPU's oneDNN path keeps none on fake tensors", nbytes)
+        return func(*args, **kwargs)
 
     def _to(self, func, args, kwargs):
         run = self.run
@@ -876,7 +1060,8 @@ class _Patches:
                  (lambda v: torch.use_deterministic_algorithms(*v),
                   (torch.are_deterministic_algorithms_enabled(),
                    torch.is_deterministic_algorithms_warn_only_enabled()))]
-        for owner, name in ((torch.backends.cudnn, "benchmark"),
+        for owner, name in ((torch.backends.cudnn, "enabled"),
+                            (torch.backends.cudnn, "benchmark"),
                             (torch.backends.cudnn, "deterministic"),
                             (torch.backends.cuda.matmul, "fp32_precision"),
                             (torch.backends.cudnn.conv, "fp32_precision"),
@@ -921,6 +1106,8 @@ class _Patches:
             self._patch_foreach()
             self._patch_distributed()
             self._patch_optimizer_init()
+            if run.fake:
+                self._patch_sdpa()
             if run.checkpoint_every:
                 self._patch_sequential()
             from torch.optim.optimizer import (
@@ -996,9 +1183,9 @@ class _Patches:
         def __init__(ac, device_type, dtype=None, enabled=True, cache_enabled=None):  # noqa: N807
             if device_type == "cuda" and enabled:
                 run.note(f"torch.autocast('cuda', {_dtype_name(dtype or torch.float16)}) ran "
-                         "as CPU autocast with that dtype; the CPU's op lists differ from "
-                         "CUDA's, and each op of this script that CUDA would run in float32 "
-                         "is listed")
+                         "as CPU autocast with that dtype, and the ops whose type CUDA's "
+                         "autocast sets otherwise ran as on CUDA (under 'Run as CUDA would', if "
+                         "the script has any)")
             if device_type == "cuda":
                 device_type, dtype = "cpu", dtype or torch.float16
                 if enabled and dtype == torch.bfloat16:
@@ -1114,6 +1301,22 @@ class _Patches:
 
         self._set(ddp, "__init__", __init__)
 
+    def _patch_sdpa(self) -> None:
+        """``F.scaled_dot_product_attention`` as a Python function that takes CUDA's backend:
+        ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``,
+        ``nn.TransformerEncoderLayer``) calls it by this name while no torch-function mode is
+        active, so the device mode alone would not see those calls."""
+        run = self.run
+        original = _SDPA
+
+        def scaled_dot_product_attention(*args, **kwargs):
+            a = cuda_dispatch.sdpa_args(args, kwargs)
+            if run.device_mode is not None and isinstance(a["query"], run._fake_type):
+                return run.device_mode._sdpa(a)
+            return original(*args, **kwargs)
+
+        self._set(nn.functional, "scaled_dot_product_attention", scaled_dot_product_attention)
+
     def _patch_optimizer_init(self) -> None:
         """Each optimizer the script makes is seen at once (the stop rule waits for every
         one of them, also for one that has not stepped yet)."""
@@ -1201,6 +1404,8 @@ class Plan(ShownAsTable):
     uses_bf16: bool = False  # the script computes in bfloat16 (autocast or bf16 weights)
     fixes_reserved: dict = dataclasses.field(default_factory=dict)  # fix -> peak reserved
     fix_notes: dict = dataclasses.field(default_factory=dict)  # fix -> why it changed nothing
+    #: the ops run as CUDA would (:class:`~.cuda_dispatch.Dispatch`: op, where, model, detail)
+    dispatch: list = dataclasses.field(default_factory=list)
 
     @property
     def needed_bytes(self) -> int:
@@ -1327,12 +1532,13 @@ class Plan(ShownAsTable):
             out.append("torch.save calls skipped:")
             for line in self.saves:
                 out.append(f"  {line or '(library)'}")
-        if self.autocast_differences:
-            out.append("Autocast ops that CUDA would run in float32 (CPU kept them in low "
-                       "precision):")
-            for name, where, count, extra in self.autocast_differences:
-                out.append(f"  {name} at {where or '(library)'}: {count}x, CUDA's float32 "
-                           f"outputs add up to {fmt_bytes(extra)} more")
+        if self.dispatch:
+            out.append("Run as CUDA would (the CPU's kernels keep other memory):")
+            if any(d.op == "scaled_dot_product_attention" for d in self.dispatch):
+                out.append(f"  (attention's backend is the {self.card}'s; another card may "
+                           "take another: plan it with --gpu)")
+            for d in self.dispatch:
+                out.append(f"  {d.text()}")
         if self.notes:
             out.append("Notes:")
             for note, where in self.notes.items():
@@ -1702,7 +1908,8 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
         parameter_bytes=param_bytes, torch_cuda=torch.version.cuda,
         workers=main.used_workers, phase_peaks=dict(main.phase_peaks),
         margin_fraction=margin_fraction, margin_min_bytes=margin_min,
-        optimizer_steps=optimizer_steps, script_ddp=main.script_ddp, uses_bf16=bf16)
+        optimizer_steps=optimizer_steps, script_ddp=main.script_ddp, uses_bf16=bf16,
+        dispatch=list(main.dispatches.values()))
     if ddp and main.script_ddp and main.ddp_wrapped:
         plan.notes["the script wraps its model in DistributedDataParallel itself: its "
                    "buckets are in the measured peak, so --ddp adds nothing more"] = None

@@ -2,8 +2,10 @@
 
     python -m pytest tests/gpu/test_planner_gpu.py -m gpu -q
 
-For three of tests/planner_scripts/ (the MLP with ``.cuda()`` everywhere, the ResNet-50 with
-float16 AMP and a GradScaler, the small transformer language model), each script runs for
+For six of tests/planner_scripts/ (the MLP with ``.cuda()`` everywhere, the ResNet-50 with
+float16 AMP and a GradScaler, the small transformer language model, and the three scripts
+whose memory depends on CUDA's own dispatch: attention with dropout under bf16 autocast, a
+GroupNorm + SiLU denoiser under fp16 autocast, a stacked LSTM), each script runs for
 real on CUDA GPU 0, unmodified, in a fresh process: a wrapper stops it after its 2nd
 optimizer step and reads ``torch.cuda.max_memory_allocated()`` (measured from a baseline
 taken after cuBLAS's workspaces exist, since the plan does not count them). The planner's
@@ -11,11 +13,13 @@ taken after cuBLAS's workspaces exist, since the plan does not count them). The 
 ``tests/gpu/results/planner.json`` (a recorded GPU results file: the card, driver, torch and
 CUDA versions, and the figures per script under ``cases``).
 
-Expected differences, recorded rather than asserted to the byte: CUDA's autocast runs some
-operations in float32 where the CPU's stays in low precision (the plan lists them), cuDNN
-may allocate workspaces through the caching allocator, and flash/efficient attention saves
-less than the CPU's math path. The test asserts agreement within 15 %. Without a CUDA GPU
-the tests skip with the reason.
+The plan models CUDA's dispatch (helpers/memory/cuda_dispatch.py: the SDPA backend, CUDA
+autocast's type lists, a lower bound of cuDNN's RNN reserve space); ``plan.dispatch`` (the
+models used) is recorded beside the figures, so a GPU run checks those models. Expected
+differences, recorded rather than asserted to the byte: cuDNN may allocate workspaces
+through the caching allocator, and cuDNN's real RNN reserve space is larger than the
+plan's lower bound (the LSTM case records by how much). The test asserts agreement within
+15 %. Without a CUDA GPU the tests skip with the reason.
 """
 
 from __future__ import annotations
@@ -44,6 +48,15 @@ CASES = {
     "mlp_cuda_everywhere.py": ["--batch-size", "512"],
     "resnet_amp.py": ["--batch-size", "32", "--image-size", "128", "--samples", "64"],
     "transformer_lm.py": ["--batch-size", "16", "--block-size", "256"],
+    # CUDA's dispatch: flash/cuDNN attention with dropout, no L x L matrix (bf16 autocast)
+    "sdpa_dropout.py": ["--batch-size", "8", "--seq-len", "1024", "--d-model", "256",
+                        "--n-head", "4", "--n-layer", "4"],
+    # CUDA autocast's float32 GroupNorm (fp16 autocast, GradScaler)
+    "groupnorm_amp.py": ["--batch-size", "16", "--image-size", "64", "--width", "128",
+                         "--blocks", "4"],
+    # cuDNN's reserve space (the plan counts a lower bound)
+    "lstm_classifier.py": ["--batch-size", "64", "--seq-len", "256", "--hidden", "512",
+                           "--layers", "2", "--samples", "256"],
 }
 
 # Runs a script unmodified; after its 2nd optimizer step prints the peak and exits.
@@ -124,5 +137,6 @@ def test_plan_against_max_memory_allocated(name, tmp_path):
                    "torch": torch.__version__, "cuda": torch.version.cuda,
                    "max_memory_allocated": real, "planned": plan.peak_allocated_bytes,
                    "planned_over_real": round(ratio, 4),
-                   "autocast_differences": [n for n, *_ in plan.autocast_differences]})
+                   "autocast_differences": [n for n, *_ in plan.autocast_differences],
+                   "dispatch": sorted({f"{d.op}: {d.model}" for d in plan.dispatch})})
     assert 0.85 <= ratio <= 1.15, f"{name}: planned {plan.peak_allocated_bytes}, real {real}"
