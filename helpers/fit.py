@@ -17,7 +17,8 @@ The verdict is judged on the caching allocator's peak *reserved* bytes + the CUD
 Exit status: 0 when the script fits the chosen card, 1 when it does not, 2 for bad input
 (a missing script, an unknown card, a TensorFlow script), 3 when the script could not be
 planned (its own error, no optimizer step, an operation fake tensors cannot run, a value
-read under --strict).
+read under --strict, a process it tried to start, its process ending or killed without a
+result, the time limit): never 0 without a verdict.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ nn.LSTM/GRU/RNN keep a lower bound of cuDNN's reserve space (its exact size need
 what it cannot see (that is what the margin is for): cuDNN/cuBLAS workspaces, the real CUDA
 context (a fixed --context is added), other processes on the card, fragmentation over a long
 run, custom CUDA kernels (flash-attn, apex, Triton), NCCL's buffers.
+
+the script runs in a process of its own; its file writes go to a throw-away folder (your
+files are never changed) and are listed; it may not start processes (mp.spawn: use --ddp N).
 
 what a machine can plan: fake tensors take no GPU memory, but the script builds its model
 on the host first, in float32, so the planner's RAM grows with the model: about 4.2-4.5 bytes
@@ -125,7 +129,8 @@ def parser() -> argparse.ArgumentParser:
                    "more forward passes); also how long the planner waits for an optimizer "
                    "that has not stepped yet once the others have")
     p.add_argument("--time-limit", type=float, default=600.0, metavar="SECONDS",
-                   help="give up on a run of the script after this long (default 600)")
+                   help="give up on a run of the script after this long (default 600, "
+                   "at most a week); a run that swallows the stop is killed a grace later")
     p.add_argument("--slurm", action="store_true",
                    help="print a SLURM request for the smallest card that fits with the "
                    "margin (lines marked SITE need your cluster's names)")

@@ -8,7 +8,13 @@
 
 How it works (the "device-scoped full scale" of the kit's memory engine):
 
-* The script runs in this process (``runpy``), as ``__main__``, with its own arguments.
+* The script runs as ``__main__`` (``runpy``), with its own arguments, in a process of its
+  own (:mod:`.sandbox`: forked from a planner server the caller starts once), never in the
+  caller's: what it does to its process (default device, signal handlers, ``sys.stdout``,
+  threads, subprocesses) ends with that process, and its output is relayed as it comes.
+  Its writes (``open(..., "w")``, ``os.replace``, ``shutil.rmtree``...) go to a throw-away
+  folder and are listed in the notes; ``os.fork``/``multiprocessing``/``mp.spawn`` are
+  refused (plan one process; ``ddp=N`` for N ranks); its folder is first on ``sys.path``.
 * ``torch.cuda`` answers as the chosen card (:class:`~.cuda_standin.SimulatedCuda` backed by a
   :class:`~.virtual.VirtualGPU`), and so do ``torch.accelerator``'s functions.
 * What the script puts on the GPU (``.cuda()``, ``.to("cuda")``, ``device="cuda"``, a
@@ -80,7 +86,7 @@ from torch.utils import _device as _default_device
 
 from ..core.checks import choice, flag, positive_int, real_number, text, whole_number
 from ..core.fmt import GiB, MiB, ShownAsTable, Table, fmt_bytes
-from . import cuda_dispatch
+from . import cuda_dispatch, sandbox
 from .capacity import COMPUTE_CAPABILITY, KNOWN_GPUS, card_name, resolve_capacity
 from .cuda_standin import SimulatedCuda
 from .sources import ProcessRamSource
@@ -138,6 +144,7 @@ _CUDA0 = torch.device("cuda", 0)
 #: getters); FakeTensor's own ``device`` property is patched (:meth:`_Patches._patch_fake_device`)
 _DEVICE_ANSWERS = {_T.device.__get__: _CUDA0, _T.is_cuda.__get__: True,
                    _T.is_cpu.__get__: False, _T.get_device: 0}
+_MAX_TIME_LIMIT = 7 * 24 * 3600.0  # a week: SIGALRM's timer and the caller's clock stay finite
 
 
 class PlanError(ValueError):
@@ -602,6 +609,7 @@ class _Run:
 
     # ------------------------------------------------------------ running
     def run(self) -> None:
+        sandbox.run_started()
         old_argv = sys.argv
         self._deadline = time.monotonic() + self.time_limit
         self._sample_rss()
@@ -1267,7 +1275,8 @@ class _Patches:
             if device_type == "cuda" and enabled:
                 run.note(f"torch.autocast('cuda', {_dtype_name(dtype or torch.float16)}) ran "
                          "as CPU autocast with that dtype, and the ops whose type CUDA's "
-                         "autocast sets otherwise ran as on CUDA (listed above)")
+                         "autocast sets otherwise ran as on CUDA (under 'Run as CUDA would', if "
+                         "the script has any)")
             if device_type == "cuda":
                 device_type, dtype = "cpu", dtype or torch.float16
                 if enabled and dtype == torch.bfloat16:
@@ -1281,6 +1290,7 @@ class _Patches:
 
         def save(obj, f, *args, **kwargs):
             run.saves.append(run.user_line(sys._getframe(1)))
+            sandbox.skipped_save(f)  # an empty stand-in file, so os.replace(tmp, path) works
 
         def compile_(model=None, *args, **kwargs):
             run.note("torch.compile was skipped: the plan is for eager mode (compiled code "
@@ -1299,6 +1309,7 @@ class _Patches:
                     map_location, dict) and _is_cuda(map_location):
                 run.note(f"torch.load(map_location={map_location!r}) loaded on the host")
                 map_location = "cpu"
+            sandbox.check_load(f)
             return original_load(f, map_location, *args, **kwargs)
 
         self._set(torch, "load", load)
@@ -2015,7 +2026,8 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
     """Plan a GPU job from an unmodified PyTorch training script (``python -m helpers.fit``).
 
     Args:
-        script: path of the training script; it runs as ``__main__`` in this process.
+        script: path of the training script; it runs as ``__main__`` in a process of its
+            own (:mod:`.sandbox`), with its writes sent to a throw-away folder.
         args: the script's own command-line arguments (a list of strings).
         gpu: the card the script sees (``torch.cuda.get_device_name()``, ``mem_get_info``...);
             one of ``KNOWN_GPUS``. The peak is compared with every known card either way.
@@ -2040,7 +2052,8 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
         max_forwards: stop a script that never calls ``optimizer.step()`` after this many
             forward passes of its model (then a PlanError says so; raise it for gradient
             accumulation over more forward passes).
-        time_limit: seconds one run of the script may take.
+        time_limit: seconds one run of the script may take (at most a week); a run that
+            swallows the planner's stop (a bare ``except:``) is killed a grace later.
         fake: True (default): fake tensors (full scale, nothing computed). False: real CPU
             tensors counted the same way (a reference run at small sizes, for tests).
         margin: what each card keeps free for what the planner cannot see: a percentage
@@ -2062,6 +2075,7 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
             operation fake tensors cannot run, or reads a value under ``strict``.
         TypeError, ValueError: an argument is of the wrong kind or out of range.
     """
+    call = dict(locals())  # every argument, for the planner's own process (sandbox.py)
     path = _check_script(script)
     if isinstance(args, str) or not all(isinstance(a, str) for a in args):
         raise TypeError("args must be a list of strings (the script's arguments), e.g. "
@@ -2086,9 +2100,12 @@ def will_it_fit(script, args=(), *, gpu: str = "A100-40GB", steps: int = 2,
     gradient_as_bucket_view = flag(gradient_as_bucket_view, "gradient_as_bucket_view")
     context = resolve_capacity(context, what="context", allow_zero=True)[1]
     max_forwards = positive_int(max_forwards, "max_forwards", 100_000)
-    time_limit = real_number(time_limit, "time_limit", minimum=0.1)
+    time_limit = real_number(time_limit, "time_limit", minimum=0.1, maximum=_MAX_TIME_LIMIT)
     margin_fraction, margin_min = _check_margin(margin)
     args = list(args)
+    if not sandbox.in_child():
+        # the script runs in a process of its own: nothing it does reaches this one
+        return sandbox.plan_in_child(call, time_limit)
 
     def run_once(argv, *, amp_=None, ckpt=None, quiet=False) -> _Run:
         r = _Run(path, argv, card=card, steps=steps, fake=fake, strict=strict, amp=amp_,

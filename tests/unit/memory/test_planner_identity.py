@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.memory import planner
 from helpers.memory.planner import PlanError, will_it_fit
 
 
@@ -156,12 +157,19 @@ def test_module_moves_that_crashed_now_plan(idiom, tmp_path):
 
 
 def test_the_default_device_is_put_back(tmp_path, monkeypatch):
-    """Also after torch.utils.checkpoint, whose recomputation re-enters the script's
-    DeviceContext (tests/planner_scripts/default_device.py checkpoints a block)."""
+    """One run of the script (a plan's runs share the planner's process: the main run, the
+    fixes, the batch search) puts the default device back, also after
+    torch.utils.checkpoint, whose recomputation re-enters the script's DeviceContext
+    (tests/planner_scripts/default_device.py checkpoints a block). Run here in this
+    process, as the planner's own process runs it."""
     monkeypatch.chdir(tmp_path)
     script = Path(__file__).resolve().parents[2] / "planner_scripts" / "default_device.py"
     for fake in (True, False):
-        will_it_fit(str(script), fake=fake)
+        run = planner._Run(str(script), [], card="A100-40GB", steps=2, fake=fake,
+                           strict=False, amp=None, checkpoint_every=None, max_forwards=50,
+                           time_limit=60.0, context=planner.DEFAULT_CONTEXT)
+        run.run()
+        assert run.stopped == "steps" and run.categories["buffers"] > 0
         assert torch.zeros(1).device.type == "cpu"
         assert torch.get_default_device() == torch.device("cpu")
         assert torch.utils._device.CURRENT_DEVICE is None
