@@ -55,6 +55,13 @@ run as CUDA would (each call listed under "Run as CUDA would"): attention
 the ops CUDA runs in float32 (GroupNorm, LayerNorm, softmax, exp...) are counted so;
 nn.LSTM/GRU/RNN keep a lower bound of cuDNN's reserve space (its exact size needs a GPU).
 
+the script's objects as on a GPU: a module's move (.cuda(), .to(), .half(), a second .to())
+keeps its Parameter objects, so tied weights are counted once and an optimizer made before
+.cuda() keeps its state; tensors on the card answer x.device (cuda:0), x.is_cuda and
+x.get_device() as on a GPU, so torch.zeros(n, device=x.device) is on the card;
+torch.set_default_device("cuda") works; buffers (BatchNorm's running statistics) have their
+own line; nn.DataParallel on the one card runs its module (on several cards: refused).
+
 what it cannot see (that is what the margin is for): cuDNN/cuBLAS workspaces, the real CUDA
 context (a fixed --context is added), other processes on the card, fragmentation over a long
 run, custom CUDA kernels (flash-attn, apex, Triton), NCCL's buffers.

@@ -33,8 +33,8 @@ __all__ = ["Engine", "Recorder", "tensors_in", "optimizer_state_tensors", "uniqu
            "watch_ops", "device_type"]
 
 # a storage keeps the strongest label it was given
-_RANK = {"temporaries": 0, "activations": 1, "other": 2, "inputs": 3, "optimizer_state": 4,
-         "gradients": 5, "parameters": 6}
+_RANK = {"temporaries": 0, "activations": 1, "other": 2, "inputs": 3, "buffers": 4,
+         "optimizer_state": 5, "gradients": 6, "parameters": 7}
 
 _VIEW, _MUTATE, _NEW, _FRESH = 0, 1, 2, 3
 _FRESH_OPS = {"lift_fresh", "lift_fresh_copy"}

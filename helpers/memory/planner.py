@@ -22,6 +22,13 @@ How it works (the "device-scoped full scale" of the kit's memory engine):
   compute. Operations on fake tensors make fake tensors, which the engine counts as GPU
   memory (``Engine.propagate``). Host tensors (the DataLoader's batches, Adam's step
   counters) stay real and are not counted, as on a real GPU.
+* A module's move keeps its Parameter objects, as on a GPU (``torch.utils.swap_tensors``
+  where CUDA's ``Module._apply`` sets ``param.data``): tied weights stay tied, an optimizer
+  built before ``.cuda()`` keeps its parameters, ``.cuda().half()`` and repeated moves work.
+  Tensors on the card answer ``.device`` (``cuda:0``), ``.is_cuda`` and ``.get_device()`` as
+  on a GPU, so ``torch.zeros(n, device=x.device)`` is made on the card;
+  ``torch.set_default_device("cuda")`` and ``with torch.device("cuda"):`` put tensors made
+  without ``device=`` on the card. ``nn.DataParallel`` over the one card runs its module.
 * ``torch.autocast("cuda")`` runs as CPU autocast with the same dtype, and the ops whose
   type CUDA's autocast sets otherwise (its float32 list: GroupNorm, LayerNorm, the losses,
   softmax...; its "promote" list; ``einsum`` and the other ops only CUDA casts down) run as
@@ -52,10 +59,7 @@ it re-runs the script only for the batch-size search (``batch_arg``) and for eac
 What it cannot see (say so, and leave a margin): cuDNN/cuBLAS workspaces, the CUDA context
 (a fixed ``context`` allowance is added, 500 MiB by default), other processes on the card,
 fragmentation over a long run, cuDNN's exact RNN reserve size (a lower bound is counted),
-custom CUDA kernels (flash-attn, apex, Triton), NCCL's buffers, and tensors the script makes
-with
-``device=t.device`` of a GPU tensor (they are seen as host tensors, because fake tensors
-report ``cpu``).
+custom CUDA kernels (flash-attn, apex, Triton), and NCCL's buffers.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ import weakref
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils import _device as _default_device
 
 from ..core.checks import choice, flag, positive_int, real_number, text, whole_number
 from ..core.fmt import GiB, MiB, ShownAsTable, Table, fmt_bytes
@@ -124,12 +129,21 @@ CUDA_FP32_OPS = cuda_dispatch.CUDA_FP32_OPS | cuda_dispatch.CUDA_FP32_OUT_OPS
 _HELPERS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _OVERRIDES_FILE = torch.overrides.__file__
+#: code that asks a fake tensor's device for the planner or for fake-tensor propagation
+_INTERNAL_CODE = (_HELPERS_DIR, *(os.path.join(_TORCH_DIR, p) for p in (
+    "_subclasses", "_meta_registrations.py", "_decomp", "_refs", "_prims", "_ops.py",
+    "fx", "utils/_python_dispatch.py", "_library", "_higher_order_ops")))
 _T = torch.Tensor
 _READS = {_T.item: "item()", _T.tolist: "tolist()", _T.__bool__: "bool()",
           _T.__float__: "float()", _T.__int__: "int()", _T.__index__: "index",
           _T.numpy: "numpy()", _T.__format__: "format", _T.__repr__: "print/repr",
           _T.__array__: "numpy array", _T.cpu: "cpu()"}
 _LOW = (torch.bfloat16, torch.float16)
+_CUDA0 = torch.device("cuda", 0)
+#: what a tensor on the card answers, as on a GPU (the TorchFunctionMode sees the property
+#: getters); FakeTensor's own ``device`` property is patched (:meth:`_Patches._patch_fake_device`)
+_DEVICE_ANSWERS = {_T.device.__get__: _CUDA0, _T.is_cuda.__get__: True,
+                   _T.is_cpu.__get__: False, _T.get_device: 0}
 _MAX_TIME_LIMIT = 7 * 24 * 3600.0  # a week: SIGALRM's timer and the caller's clock stay finite
 
 
@@ -330,6 +344,23 @@ class _Run:
         self.script_ddp = False  # the script sets up DDP itself (a process group or DDP)
         self.ddp_wrapped = False  # the script wraps its model in DistributedDataParallel
 
+    def mode_is_on(self) -> bool:
+        """Is the script's code running (the planner's TorchFunctionMode on the stack and
+        not set aside, as it is inside its own handler and in the kernels below it)?"""
+        mode = self.device_mode
+        if mode is None or not torch._C._is_torch_function_mode_enabled():
+            return False
+        stack_at = torch._C._get_function_stack_at
+        return any(stack_at(i) is mode for i in range(torch._C._len_torch_function_stack()))
+
+    def asks_as_script(self, frame) -> bool:
+        """Does ``.device``/``.is_cuda`` asked from ``frame`` get the GPU's answer? Yes for
+        the script and the libraries it calls (torch.nn, torch.optim, torch.amp...); no for
+        the planner itself and PyTorch's fake-tensor, meta and decomposition code, which
+        may run while the mode is on (an aten op called directly, the planner's patches)
+        and must see the fake tensors' real device."""
+        return frame is None or not frame.f_code.co_filename.startswith(_INTERNAL_CODE)
+
     # ------------------------------------------------------------ where in the user's code
     def _is_user_file(self, filename: str) -> bool:
         if filename == self.script:
@@ -417,8 +448,8 @@ class _Run:
 
     def _classify(self) -> None:
         """Sort the records alive at the peak into categories, by their labels."""
-        out = {"parameters": 0, "gradients": 0, "optimizer state": 0, "inputs": 0,
-               "activations and temporaries": 0}
+        out = {"parameters": 0, "gradients": 0, "optimizer state": 0, "buffers": 0,
+               "inputs": 0, "activations and temporaries": 0}
         for rec in self._snapshot:
             cat = rec.label if rec.label in out else "activations and temporaries"
             out[cat] += rec.nbytes
@@ -432,17 +463,26 @@ class _Run:
             return isinstance(t, self._fake_type)
         return self.engine.lookup(t) is not None
 
-    def to_device(self, t: torch.Tensor, dtype=None) -> torch.Tensor:
+    def to_device(self, t: torch.Tensor, dtype=None, memory_format=None) -> torch.Tensor:
+        """``t`` on the card, as ``t.to("cuda", dtype, memory_format=...)`` makes it."""
+        fmt = memory_format or torch.preserve_format
         if self.on_device(t):
-            return t if dtype is None else t.to(dtype)
+            return t if dtype is None and memory_format is None else \
+                t.to(dtype=dtype or t.dtype, memory_format=fmt)
         if self.fake:
+            # shape and strides from a meta copy: handing the real tensor to the fake mode
+            # would put a weak reference on it (the converter's memo), and a parameter with
+            # one cannot be swapped in place (torch.utils.swap_tensors) by a module's move
+            meta = torch.empty_like(t, device="meta", dtype=dtype or t.dtype,
+                                    memory_format=fmt)
             with self.fake_mode:
-                out = torch.empty_like(t, dtype=dtype or t.dtype)
+                out = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype,
+                                          device="cpu")
             if t.requires_grad and out.is_floating_point():
                 out.requires_grad_(True)
         else:
             with self.gpu.paused():
-                out = t.to(dtype=dtype or t.dtype, copy=True)
+                out = t.to(dtype=dtype or t.dtype, memory_format=fmt, copy=True)
         label = "parameters" if isinstance(t, nn.Parameter) else "inputs"
         self.engine.adopt([out], label, op="a tensor's move to the GPU (.to/.cuda)")
         return out
@@ -461,6 +501,8 @@ class _Run:
 
     def read(self, func, what: str, args, kwargs):
         """A value read from a GPU tensor: a stand-in for fake tensors, listed either way."""
+        if self.fake and func is _T.item and hasattr(args[0], "_planner_value"):
+            return args[0]._planner_value  # a known value (GradScaler's found_inf: 0.0)
         where = self.user_line(sys._getframe(2))
         if self.strict and self.fake:
             raise PlanError(
@@ -648,6 +690,13 @@ class _Run:
                 f"the planner cannot run {name}{where}: {why}. Fake tensors have shapes but "
                 "no values. Plan the script with this line replaced by a fixed-shape "
                 "equivalent, or measure it on a real GPU.", kind="fake-op")
+        hint = ""
+        if isinstance(exc, AssertionError) and user is not None and re.search(
+                r"is_cuda|is_cpu|\.device\b|get_device\(", user.code):
+            hint = (" (in the planner, a tensor on the virtual card answers is_cuda, "
+                    ".device and get_device() as on a GPU, cuda:0; a tensor the script made "
+                    "on the host, without device='cuda', .cuda() or .to(device), answers "
+                    "cpu, as it would on a GPU)")
         lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
         # show the user's traceback: drop the planner's and runpy's frames before the script
         text_ = "".join(lines)
@@ -656,7 +705,7 @@ class _Run:
             text_ = "Traceback (most recent call last):\n  " + text_[start:]
         return PlanError(
             f"the script raised {type(exc).__name__}{where} before its "
-            f"{_nth(self.steps)} optimizer step: {exc}", kind="script", details=text_)
+            f"{_nth(self.steps)} optimizer step: {exc}{hint}", kind="script", details=text_)
 
 
 def _process_peak_rss() -> int:
@@ -733,6 +782,24 @@ def _slurm_time(value) -> str:
     if not _SLURM_TIME.fullmatch(value) or not any(ch in "123456789" for ch in value):
         raise ValueError(f"time_limit must be {formats}, got {value!r}")
     return value
+
+
+def _default_device_mode():
+    """The device of the DeviceContext mode that ``torch.set_default_device`` or ``with
+    torch.device(...)`` put at the bottom of the TorchFunctionMode stack, or None. (Not
+    ``torch.utils._device.CURRENT_DEVICE``: ``torch.utils.checkpoint``'s recomputation
+    re-enters the DeviceContext, which leaves that variable stale after it is removed.)"""
+    for i in range(torch._C._len_torch_function_stack()):
+        mode = torch._C._get_function_stack_at(i)
+        if isinstance(mode, _default_device.DeviceContext):
+            return mode.device
+    return None
+
+
+def _put_back_default_device(saved) -> None:
+    device, current = saved
+    torch.set_default_device(device)
+    _default_device.CURRENT_DEVICE = current
 
 
 def _nth(n: int) -> str:
@@ -812,6 +879,9 @@ class _DeviceMode(TorchFunctionMode):
         run = self.run
         if func in _READS and args and run.on_device(args[0]):
             return run.read(func, _READS[func], args, kwargs)
+        if func in _DEVICE_ANSWERS and args and run.on_device(args[0]) and \
+                run.asks_as_script(sys._getframe(1)):
+            return _DEVICE_ANSWERS[func]  # x.device, x.is_cuda...: as on the GPU
         if func is _T.cuda:
             t = args[0]
             return run.to_device(t)
@@ -821,7 +891,12 @@ class _DeviceMode(TorchFunctionMode):
             return args[0]
         if func is _T.is_pinned:
             return False
-        if "device" in kwargs and _is_cuda(kwargs["device"]):
+        device = kwargs.get("device")
+        if device is None and func in _default_device._device_constructors():
+            # torch.set_default_device("cuda") / `with torch.device("cuda"):` in the script:
+            # its DeviceContext mode sits below this one and would fill in "cuda" next
+            device = _default_device_mode()
+        if _is_cuda(device):
             return run.make_on_device(func, args, kwargs)
         if run.fake and (out := self._as_on_cuda(func, args, kwargs)) is not _NOT_MODELLED:
             return out
@@ -988,16 +1063,25 @@ class _DeviceMode(TorchFunctionMode):
         # a bare ordinal (.to(0), device=0) is a CUDA device; _parse_to would ask the
         # (absent) accelerator for it
         rest, named = _ordinals_named(args[1:], kwargs)
+        copy = bool(named.pop("copy", False))  # not one of _parse_to's arguments
+        if len(rest) > 3 and isinstance(rest[-1], bool):  # .to(device, dtype, nb, copy)
+            copy, rest = rest[-1], rest[:-1]
         try:
-            device, dtype, _non_blocking, _fmt = torch._C._nn._parse_to(*rest, **named)
+            device, dtype, _non_blocking, fmt = torch._C._nn._parse_to(*rest, **named)
         except (TypeError, RuntimeError):
             return func(*args, **kwargs)  # not valid arguments: PyTorch's own error
+        if rest and isinstance(rest[0], torch.Tensor) and run.on_device(rest[0]):
+            device = _CUDA0  # .to(other): other's device and dtype, the card here
         if _is_cuda(device):
-            return run.to_device(t, dtype)
+            if copy and run.on_device(t):  # a copy on the card (GradScaler's per device)
+                return t.to(dtype=dtype or t.dtype, memory_format=fmt or torch.preserve_format,
+                            copy=True)
+            return run.to_device(t, dtype, fmt)
         if _device_kind(device) == "cpu" and run.on_device(t) and \
                 run.called_from_user(sys._getframe(1)):
-            # the user's code moving a GPU tensor to the host; a library's `.to(t.device)`
-            # on a fake tensor (which reports "cpu") is a no-op, as it is on the GPU
+            # the user's code moving a GPU tensor to the host; a library's `.to("cpu")` on a
+            # card's tensor (foreach grouping's keys are the fake tensors' real device, the
+            # CPU) is a no-op, as `.to(t.device)` is on the GPU
             return run.read(func, "to('cpu')", args, kwargs)
         return func(*args, **kwargs)
 
@@ -1078,6 +1162,9 @@ class _Patches:
             os.environ.update(saved)
 
         state.append((put_back_environ, environ))
+        # the script's torch.set_default_device("cuda"): its DeviceContext mode removed
+        state.append((_put_back_default_device, (_default_device_mode(),
+                                                 _default_device.CURRENT_DEVICE)))
         state.append((os.chdir, os.getcwd()))
         # the legacy switch last, so that it is put back first and the fp32_precision values
         # after it (mixing the two APIs otherwise makes torch's legacy getters raise)
@@ -1103,6 +1190,10 @@ class _Patches:
             self._patch_save_and_compile()
             self._patch_loader()
             self._patch_module_to()
+            self._patch_module_moves()
+            self._patch_fake_device()
+            self._patch_data_parallel()
+            self._patch_grad_scaler()
             self._patch_foreach()
             self._patch_distributed()
             self._patch_optimizer_init()
@@ -1262,6 +1353,103 @@ class _Patches:
 
         self._set(nn.Module, "to", to)
 
+    def _patch_module_moves(self) -> None:
+        """A module's move (``.to``, ``.cuda``, ``.half``, ``.float``...) keeps its Parameter
+        objects, as on a GPU, where ``Module._apply`` sets ``param.data`` in place: so tied
+        weights stay tied, an optimizer built before ``.cuda()`` keeps its parameters, and a
+        second move finds fake parameters. A fake tensor cannot be put into a real Parameter
+        with ``.data =``, so each parameter takes its moved tensor's place with
+        ``torch.utils.swap_tensors`` (PyTorch's other in-place way, the one
+        ``torch.__future__.set_swap_module_params_on_conversion(True)`` selects; that switch
+        itself is not used: it also changes ``load_state_dict``). Buffers are replaced, as
+        ``Module._apply`` does on a GPU, and labelled "buffers"."""
+        run = self.run
+        original = nn.Module._apply
+
+        def _apply(module, fn, recurse=True):
+            if not run.fake:  # real tensors: PyTorch's own `param.data =` keeps them
+                out = original(module, fn, recurse)
+            else:
+                out = _apply_in_place(run, module, fn, recurse)
+            run.engine.relabel([b for b in module._buffers.values() if b is not None],
+                               "buffers")
+            return out
+
+        self._set(nn.Module, "_apply", _apply)
+        register = nn.Module.register_buffer
+
+        def register_buffer(module, name, tensor, persistent=True):
+            register(module, name, tensor, persistent)
+            if isinstance(tensor, torch.Tensor):  # made on the card (device=, default device)
+                run.engine.relabel([tensor], "buffers")
+
+        self._set(nn.Module, "register_buffer", register_buffer)
+
+    def _patch_fake_device(self) -> None:
+        """FakeTensor's own ``device`` property (which the TorchFunctionMode does not see)
+        answers "cuda:0" while the script's code runs, and its real (CPU) device inside the
+        planner, the fake mode and the engine, where the mode is not on the stack."""
+        run = self.run
+        # nn.LSTM's flatten_parameters asks cudnn.is_acceptable of weights that now answer
+        # is_cuda: this CPU build would warn "compiled without cuDNN" on each RNN. No:
+        # the weights stay as they are (cuDNN's flat copy is the same bytes on a GPU)
+        self._set(torch.backends.cudnn, "is_acceptable", lambda tensor: False)
+        if not run.fake:
+            return
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        original = FakeTensor.__dict__["device"]
+
+        def device(t):
+            if run.mode_is_on() and run.asks_as_script(sys._getframe(1)):
+                return _CUDA0
+            return original.__get__(t)
+
+        self._set(FakeTensor, "device", property(device))
+
+    def _patch_data_parallel(self) -> None:
+        """``nn.DataParallel`` over the one card runs its module, as PyTorch's forward does
+        with one device (its scatter would copy to a real GPU); over more cards: refused."""
+        run = self.run
+        cls = nn.DataParallel
+        init = cls.__init__
+
+        def __init__(dp, module, device_ids=None, output_device=None, dim=0):  # noqa: N807
+            if device_ids is not None and len(device_ids) > 1:
+                raise PlanError(
+                    f"nn.DataParallel(device_ids={list(device_ids)!r}) splits each batch over "
+                    f"{len(device_ids)} GPUs in one process: the planner plans one card. Plan "
+                    "it with one GPU (DataParallel then runs the module itself: the memory of "
+                    "the card that holds the whole model, the gradients and the optimizer "
+                    "state), or use DistributedDataParallel and --ddp N", kind="ddp")
+            init(dp, module, device_ids, output_device, dim)
+            run.note("nn.DataParallel ran on the one virtual card: with one GPU it runs the "
+                     "module itself (PyTorch's DataParallel.forward); on N GPUs the first "
+                     "card also gathers the outputs")
+
+        def forward(dp, *inputs, **kwargs):
+            return dp.module(*inputs, **kwargs)
+
+        self._set(cls, "__init__", __init__)
+        self._set(cls, "forward", forward)
+
+    def _patch_grad_scaler(self) -> None:
+        """GradScaler's found-inf flags are on the card (``device=self._scale.device``, as
+        on a GPU): read for ``scaler.step``, they answer 0.0 (no inf/NaN gradient), so the
+        optimizer steps, as in a healthy run."""
+        if not self.run.fake:
+            return
+        cls = torch.amp.GradScaler
+        original = cls._unscale_grads_
+
+        def _unscale_grads_(scaler, *args, **kwargs):
+            per_device = original(scaler, *args, **kwargs)
+            for found_inf in per_device.values():
+                found_inf._planner_value = 0.0
+            return per_device
+
+        self._set(cls, "_unscale_grads_", _unscale_grads_)
+
     def _patch_foreach(self) -> None:
         for module, name, value in foreach_patches(fake=self.run.fake):
             self._set(module, name, value)
@@ -1356,6 +1544,74 @@ class _Patches:
 
 def _dtype_name(dtype) -> str:
     return str(dtype)
+
+
+def _apply_in_place(run: _Run, module: nn.Module, fn, recurse: bool) -> nn.Module:
+    """``nn.Module._apply`` (torch/nn/modules/module.py) for a module on the planner's card:
+    each parameter whose tensor ``fn`` changes (moved, cast, another memory format) keeps
+    its Python object, as ``param.data = fn(param)`` keeps it on a GPU; buffers are replaced
+    as PyTorch does."""
+    if recurse:
+        for child in module.children():
+            child._apply(fn)
+    for key, param in module._parameters.items():
+        if param is None:
+            continue
+        with torch.no_grad():
+            applied = fn(param)
+        if applied is param:  # already there (a second .to("cuda"), a tied weight)
+            continue
+        grad = param.grad
+        if grad is not None:
+            param.grad = None  # the gradient holds a use of the tensor: swap without it
+        if not _swap_in(run, param, applied):
+            param = nn.Parameter(applied, requires_grad=param.requires_grad)
+            module._parameters[key] = param
+            run.note("a parameter could not keep its object when it moved (something holds "
+                     "a weak reference to it): what refers to the old one (an optimizer, "
+                     "a tied weight) is not moved with it")
+        if grad is not None:
+            with torch.no_grad():
+                param.grad = fn(grad)
+    for key, buf in module._buffers.items():
+        if buf is not None:
+            module._buffers[key] = fn(buf)
+    return module
+
+
+def _fake_tensor_keys(run: _Run) -> frozenset:
+    """The attributes a FakeTensor keeps in its ``__dict__`` (its fake mode, device, memos)
+    and the planner's own: not carried over to what replaces a fake parameter."""
+    with run.fake_mode:
+        probe = torch.empty(0, device="cpu")
+    return frozenset([*probe.__dict__, "_planner_truth", "_planner_value"])
+
+
+def _swap_in(run: _Run, param: torch.Tensor, applied: torch.Tensor) -> bool:
+    """Make ``param`` (the same Python object) hold ``applied``'s tensor: its attributes
+    (``_is_param``, the script's own) kept. False when ``torch.utils.swap_tensors`` refuses
+    (a weak reference or another use of either tensor)."""
+    import weakref
+
+    applied.requires_grad_(param.requires_grad)
+    internal = _fake_tensor_keys(run) if run.fake_mode is not None and \
+        isinstance(param, run._fake_type) else ()
+    for name, value in param.__dict__.items():  # the script's own attributes, if any
+        if name not in internal:
+            applied.__dict__.setdefault(name, value)
+    applied._is_param = True
+    if run.fake_mode is not None and (weakref.getweakrefs(param) or
+                                      weakref.getweakrefs(applied)):
+        # the fake mode's converter memo keeps weak references to fake tensors it made (an
+        # operation on a fake tensor outside the fake mode adds one: requires_grad_ above)
+        memo = run.fake_mode.fake_tensor_converter.meta_converter.tensor_memo
+        for k in [k for k, ref in memo.data.items() if ref() is applied or ref() is param]:
+            del memo[k]
+    try:
+        torch.utils.swap_tensors(param, applied)
+    except RuntimeError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------- the plan

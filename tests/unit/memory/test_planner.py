@@ -50,8 +50,8 @@ def test_hand_computed_mlp(tmp_path):
     p_bytes = sum(4 * torch.Size(s).numel() for s in shapes)
     inputs = 4 * 256 * 4 + 8 * 4  # x (float32) and y (int64)
     assert plan.categories == {"parameters": p_bytes, "gradients": p_bytes,
-                               "optimizer state": 2 * p_bytes, "inputs": inputs,
-                               "activations and temporaries": p_bytes + 4}
+                               "optimizer state": 2 * p_bytes, "buffers": 0,
+                               "inputs": inputs, "activations and temporaries": p_bytes + 4}
     assert plan.peak_phase == "optimizer" and plan.peak_op == "aten._foreach_sqrt"
     assert plan.peak_line.line == 13 and plan.peak_line.code == "opt.step()"
     # the caching allocator's 512-byte blocks, tensor by tensor

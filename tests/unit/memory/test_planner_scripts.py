@@ -29,6 +29,11 @@ CASES = {
     "lightning_style.py": ([], 9, {"bool()", "item()"}, 1, []),
     # two optimizers: planned when each has stepped twice
     "gan_two_optimizers.py": ([], 2, {"item()"}, 0, []),
+    # module moves that keep the Parameter objects (issue 32), the default device
+    "tied_lm.py": ([], 2, {"item()"}, 0, []),
+    "optimizer_before_cuda.py": ([], 2, {"item()"}, 0, []),
+    "half_after_cuda.py": ([], 2, {"item()"}, 0, []),
+    "default_device.py": ([], 2, {"item()"}, 0, []),
 }
 
 
@@ -113,3 +118,15 @@ def test_the_kits_ddp_script_takes_its_cuda_branches(in_tmp):
     reads = {(s.what, s.where.line) for s in plan.stand_ins}
     assert any(what == "cpu()" for what, _ in reads)
     assert plan.stopped == "steps"
+
+
+def test_half_after_cuda_back_to_float32(in_tmp):
+    """``model.cuda().half()``, a second ``.to()`` with channels_last, then ``model.float()``:
+    the same bytes as a real CPU run, float32 parameters, and twice the float16 ones."""
+    path = str(SCRIPTS / "half_after_cuda.py")
+    fp16 = will_it_fit(path)
+    fake, real = will_it_fit(path, ["--float32"]), will_it_fit(path, ["--float32"], fake=False)
+    assert fake.peak_allocated_bytes == real.peak_allocated_bytes
+    assert fake.categories == real.categories
+    assert fake.categories["parameters"] == 2 * fp16.categories["parameters"]
+    assert fake.categories["buffers"] > 0 and fp16.categories["buffers"] > 0
