@@ -141,6 +141,10 @@ def test_no_file_outside_appears_or_changes(tmp_path, tmp_path_factory, monkeypa
     and the planner's own private folder is gone afterwards."""
     elsewhere = tmp_path_factory.mktemp("elsewhere")
     (elsewhere / "old.txt").write_text("old")
+    # the planner's private folders go in a temporary folder of this test's own (other tests
+    # in parallel workers make and remove theirs in the system's)
+    private = tmp_path_factory.mktemp("tmp")
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
     before, folders = tree(elsewhere), planner_folders()
     monkeypatch.chdir(tmp_path)
     script = write(tmp_path, TRAIN.replace("import torch\n", f"""\
