@@ -1,7 +1,7 @@
 """``python -m helpers.fit train.py [the script's arguments] --gpu A100-40GB``: will it fit?
 
 Runs an unmodified PyTorch training script on a virtual card with full-scale fake tensors
-until its 2nd optimizer step, and prints the peak (by category, with the script's line at
+until every optimizer's 2nd step, and prints the peak (by category, with the script's line at
 the peak), every known card with its headroom, and, on request, the largest batch per card,
 the peak after planner-applied fixes, per-rank DDP memory and a SLURM request. See
 :func:`helpers.will_it_fit` (the same, for notebooks) and lesson 10.
@@ -86,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m helpers.fit",
         description="Will it fit? Plan a GPU job from your own, unmodified PyTorch training "
                     "script: it runs on a virtual card with fake tensors (no GPU, no real "
-                    "memory, no compute) until its 2nd optimizer step.",
+                    "memory, no compute) until every optimizer's 2nd step.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("script", help="your training script (a .py file); its own arguments "
                    "follow it (planner options go before it, or after it unless the script "
