@@ -12,13 +12,10 @@ sandbox, what a script writes would land there).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from planner_common import SCRIPTS
 
 from helpers.memory import cuda_dispatch, planner, sandbox
-
-SCRIPTS = Path(__file__).resolve().parents[1] / "planner_scripts"
 
 CASES = {
     "mlp_cuda_everywhere.py": [],

@@ -4,41 +4,15 @@ computation and a real CPU run, the CUDA stand-ins, the report, the fixes, bad i
 from __future__ import annotations
 
 import os
-import textwrap
 
 import pytest
 import torch
+from planner_common import MLP, round512, write
 
 import helpers
 from helpers.memory import planner
 from helpers.memory.capacity import KNOWN_GPUS
 from helpers.memory.planner import PlanError, will_it_fit
-
-MLP = """\
-import torch
-from torch import nn
-
-D, H, C, B = 256, 256, 10, 4
-model = nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, C)).cuda()
-opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-for step in range(5):
-    x = torch.randn(B, D).cuda()
-    y = torch.randint(0, C, (B,)).cuda()
-    opt.zero_grad()
-    loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()
-"""
-
-
-def write(tmp_path, text, name="train.py"):
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return str(path)
-
-
-def round512(n: int) -> int:
-    return -(-n // 512) * 512
 
 
 # ------------------------------------------------------------------------- exactness

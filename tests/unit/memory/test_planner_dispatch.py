@@ -8,16 +8,15 @@ CUDA's autocast runs in float32, and no cuDNN reserve space for RNNs.
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
+from planner_common import SCRIPTS
 
 from helpers.memory import cuda_dispatch
 from helpers.memory.cuda_dispatch import sdpa_backend
 from helpers.memory.planner import will_it_fit
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "planner_scripts"
 ON = {"cudnn": True, "flash": True, "efficient": True, "math": True}
 
 

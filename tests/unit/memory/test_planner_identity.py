@@ -7,24 +7,14 @@ on the card answer ``device``/``is_cuda`` as on a GPU; the default device; buffe
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from planner_common import round512, write
 
 from helpers.memory import planner
 from helpers.memory.planner import PlanError, will_it_fit
-
-
-def write(tmp_path, text, name="train.py"):
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return str(path)
-
-
-def round512(n: int) -> int:
-    return -(-n // 512) * 512
 
 
 def same_as_real(script, args=()):

@@ -11,18 +11,17 @@ import os
 import signal
 import sys
 import tempfile
-import textwrap
 import threading
 from pathlib import Path
 
 import pytest
 import torch
+from planner_common import SCRIPTS, write
 from torch import nn
 
 from helpers.memory import sandbox
 from helpers.memory.planner import PlanError, will_it_fit
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "planner_scripts"
 # sleep's seconds, unique to this test run: processes_with() finds only this run's
 SLEEP = f"600.{os.getpid()}"
 
@@ -36,12 +35,6 @@ for step in range(3):
     loss.backward()
     opt.step()
 """
-
-
-def write(folder, text, name="train.py"):
-    path = Path(folder) / name
-    path.write_text(textwrap.dedent(text))
-    return str(path)
 
 
 def tree(folder) -> dict:
@@ -70,6 +63,14 @@ def processes_with(*argv: str) -> list[int]:
         if [c.decode(errors="replace") for c in cmd] == list(argv) and state != "Z":
             found.append(int(pid))
     return found
+
+
+@pytest.fixture(autouse=True)
+def private_tempdir(tmp_path_factory, monkeypatch):
+    """The planner's private folders go in a temporary folder of each test's own: tests in
+    other parallel workers make and remove theirs in the system's, which planner_folders()
+    would see come and go."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.mktemp("tmp")))
 
 
 def planner_folders() -> set[str]:
@@ -141,10 +142,6 @@ def test_no_file_outside_appears_or_changes(tmp_path, tmp_path_factory, monkeypa
     and the planner's own private folder is gone afterwards."""
     elsewhere = tmp_path_factory.mktemp("elsewhere")
     (elsewhere / "old.txt").write_text("old")
-    # the planner's private folders go in a temporary folder of this test's own (other tests
-    # in parallel workers make and remove theirs in the system's)
-    private = tmp_path_factory.mktemp("tmp")
-    monkeypatch.setattr(tempfile, "tempdir", str(private))
     before, folders = tree(elsewhere), planner_folders()
     monkeypatch.chdir(tmp_path)
     script = write(tmp_path, TRAIN.replace("import torch\n", f"""\

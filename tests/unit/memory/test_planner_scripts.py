@@ -13,10 +13,9 @@ import os
 from pathlib import Path
 
 import pytest
+from planner_common import SCRIPTS
 
 from helpers.memory.planner import PlanError, will_it_fit
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "planner_scripts"
 
 # script -> (arguments, optimizer steps to run: past the first epoch where the script saves
 #            or validates, what it reads from GPU tensors, its torch.save calls, notes)

@@ -6,35 +6,19 @@ from __future__ import annotations
 
 import math
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
+from planner_common import MLP, SCRIPTS, write
 
 from helpers.memory import planner
 from helpers.memory.capacity import KNOWN_GPUS
 from helpers.memory.planner import PlanError, will_it_fit
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "planner_scripts"
 GAN = str(SCRIPTS / "gan_two_optimizers.py")
 GiB = 1024**3
 MiB = 1024**2
 
-MLP = """\
-import torch
-from torch import nn
-
-D, H, C, B = 256, 256, 10, 4
-model = nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, C)).cuda()
-opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-for step in range(5):
-    x = torch.randn(B, D).cuda()
-    y = torch.randint(0, C, (B,)).cuda()
-    opt.zero_grad()
-    loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()
-"""
 
 WIDE = """\
 import argparse
@@ -54,12 +38,6 @@ for _ in range(3):
     opt.step()
     opt.zero_grad()
 """
-
-
-def write(tmp_path, text, name="train.py"):
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return str(path)
 
 
 @pytest.fixture
