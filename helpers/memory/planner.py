@@ -1731,8 +1731,8 @@ class Plan(ShownAsTable):
                f"  ran until {self._stopped_text()} in ~{self.seconds:.1f} s on a virtual "
                f"{self.card} with fake tensors",
                f"  peak: {fmt_bytes(self.peak_reserved_bytes)} reserved by the caching "
-               f"allocator ({fmt_bytes(self.peak_allocated_bytes)} allocated) "
-               f"+ {fmt_bytes(self.context_bytes)} context allowance"]
+               f"allocator ({fmt_bytes(self.peak_allocated_bytes)} allocated)",
+               f"  + {fmt_bytes(self.context_bytes)} context allowance"]
         if self.ddp:
             if self.script_ddp:
                 out.append(f"  DDP with {self.ddp} ranks: the script wraps its model itself, "
@@ -1743,9 +1743,9 @@ class Plan(ShownAsTable):
                            " of gradient buckets per rank (a copy of the gradients unless "
                            "gradient_as_bucket_view=True); NCCL's buffers lie outside "
                            "PyTorch's allocator and are not counted")
-        out.append(f"  = {fmt_bytes(self.needed_bytes)} per GPU, the verdict's basis "
-                   f"({fmt_bytes(self.needed_allocated_bytes)} with allocated bytes); "
-                   f"margin {self.margin_text} of each card")
+        out.append(f"  = {fmt_bytes(self.needed_bytes)} per GPU: what each card is judged on "
+                   f"({fmt_bytes(self.needed_allocated_bytes)} with allocated bytes)")
+        out.append(f"  margin: {self.margin_text} of each card")
         out.append(f"  at the peak: {self.peak_phase}, {self.peak_op}, line "
                    f"{self.peak_line or '(not in the script)'}")
         if self.phase_peaks:
