@@ -12,6 +12,7 @@ import html
 import io
 from dataclasses import dataclass, field
 
+from ..core.checks import flag
 from ..core.fmt import ShownAsTable, Table, fmt_bytes
 
 __all__ = ["MemoryReport", "StepMemory", "Timeline", "CudaStats", "CATEGORIES", "PHASES",
@@ -284,8 +285,17 @@ class MemoryReport(ShownAsTable):
             The matplotlib Figure (displayed when it ends a notebook cell).
         """
         import matplotlib.pyplot as plt
+        from matplotlib.axes import Axes
 
-
+        if ax is not None and not isinstance(ax, Axes):
+            shape = getattr(ax, "shape", None)
+            hint = (f"; plt.subplots() returned an array of axes {tuple(shape)}: pass one of "
+                    "them, such as axes[0]" if shape is not None else "")
+            raise TypeError(f"ax must be a matplotlib Axes or None, got "
+                            f"{type(ax).__name__}{hint}")
+        if title is not None and not isinstance(title, str):
+            raise TypeError(f"title must be a string or None, got {type(title).__name__}")
+        legend = flag(legend, "legend")
         if unit not in (None, "MiB", "GiB"):
             raise ValueError(f"unit must be 'MiB', 'GiB' or None, got {unit!r}")
         cols = self.timeline.columns

@@ -151,3 +151,41 @@ def test_binary_files_come_back_as_bytes():
     script = "#!/bin/bash\nprintf '\\x80\\x00\\xff' > blob.bin\necho hi > note.txt\n"
     result = rehearse_batch_job(script)
     assert result.files == {"blob.bin": b"\x80\x00\xff", "note.txt": "hi\n"}
+
+
+# ------------------------------------------------------------------------ smaller ones
+@pytest.mark.parametrize(("value", "error"), [
+    (float("inf"), ValueError), (float("nan"), ValueError), (-1, ValueError),
+    (1.5, ValueError), (2**64, ValueError), ("1 GiB", TypeError),
+])
+def test_fake_nvml_this_process_bytes_is_checked_before_any_change(value, error):
+    from helpers.core.fake_nvml import FakeGpu, FakeNvml
+
+    gpu = FakeGpu()
+    with pytest.raises(error, match="this_process_bytes"):
+        FakeNvml(gpu, this_process_bytes=value)
+    assert gpu.uuid is None and list(gpu.processes) == []
+    assert FakeNvml(FakeGpu(), this_process_bytes=2e9).gpus[0].processes[-1][1] == 2 * 10**9
+
+
+def test_plot_timeline_names_ax_when_given_an_array_of_axes():
+    import matplotlib.pyplot as plt
+
+    with helpers.VirtualGPU("1 GiB", device="cpu"):
+        report = helpers.measure_step(lambda: torch.ones(256) * 2)
+    fig, axes = plt.subplots(1, 2)
+    try:
+        with pytest.raises(TypeError, match=r"ax must be a matplotlib Axes.*axes\[0\]"):
+            report.plot_timeline(ax=axes)
+        with pytest.raises(TypeError, match="legend"):
+            report.plot_timeline(ax=axes[0], legend="yes")
+        assert report.plot_timeline(ax=axes[0]) is fig
+    finally:
+        plt.close(fig)
+
+
+def test_check_training_refuses_the_meta_device_up_front():
+    from helpers import oom
+
+    with pytest.raises(ValueError, match="device must be a device that computes.*'meta'"):
+        helpers.check_training(oom.original_step, batch_size=2, device="meta")
