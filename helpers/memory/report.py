@@ -308,6 +308,9 @@ class MemoryReport(ShownAsTable):
         fig = ax.figure
         x = cols["point"]
         n = len(x)
+        if n == 0:
+            raise ValueError("this report recorded no memory to plot: measure the step inside "
+                             "a helpers.VirtualGPU (or on a CUDA GPU), which counts its tensors")
         # phase shading: contiguous runs
         start = 0
         labelled = set()
@@ -322,7 +325,7 @@ class MemoryReport(ShownAsTable):
         # long-lived categories at the bottom, short-lived ones on top
         cats = [c for c in _STACK_ORDER if any(cols.get(c, ()))]
         ys = [[v / scale for v in cols[c]] for c in cats]
-        polys = ax.stackplot(x, *ys, labels=[CATEGORY_TITLES[c] for c in cats],
+        polys = [] if not cats else ax.stackplot(x, *ys, labels=[CATEGORY_TITLES[c] for c in cats],
                              colors=[_COLOURS[c] for c in cats], step="post")
         for poly in polys:  # no hairline gaps between the steps
             poly.set_edgecolor("face")

@@ -189,3 +189,17 @@ def test_check_training_refuses_the_meta_device_up_front():
 
     with pytest.raises(ValueError, match="device must be a device that computes.*'meta'"):
         helpers.check_training(oom.original_step, batch_size=2, device="meta")
+
+
+def test_a_timeline_without_tensor_categories_still_plots():
+    import matplotlib.pyplot as plt
+
+    report = helpers.measure_step(lambda: None)  # outside a VirtualGPU: nothing counted
+    fig = report.plot_timeline()  # was numpy's "need at least one array to concatenate"
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("what", ["skipped", "notes"])
+def test_compare_names_a_skipped_or_notes_that_is_not_a_mapping(what):
+    with pytest.raises(TypeError, match=rf"{what} must be a dict"):
+        helpers.compare({"a": lambda: 10}, rounds=1, **{what: 5})
