@@ -225,13 +225,17 @@ def _remove_stale_temps(path: Path) -> list[Path]:
         entries = list(os.scandir(path.parent))
     except OSError:
         return removed
+    legacy = f".{path.name}.tmp"  # the name earlier versions of the kit used: .NAME.tmpPID
     for entry in entries:
-        if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
+        if entry.name.startswith(legacy) and entry.name[len(legacy):].isdigit():
+            pid = int(entry.name[len(legacy):])
+        elif entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
+            parts = entry.name[len(prefix):-len(".tmp")].split("-")
+            if len(parts) != 4 or parts[0] != _HOST or not parts[1].isdigit():
+                continue  # another host's writer (a shared file system): it may be running
+            pid = int(parts[1])
+        else:
             continue
-        parts = entry.name[len(prefix):-len(".tmp")].split("-")
-        if len(parts) != 4 or parts[0] != _HOST or not parts[1].isdigit():
-            continue  # another host's writer (a shared file system): it may still be running
-        pid = int(parts[1])
         try:
             os.kill(pid, 0)
             continue  # the writer is alive
