@@ -8,7 +8,12 @@ the epoch and step, and any small ``extra`` values (e.g. running loss sums).
 Files are written atomically (a temporary file, then a rename), so a job killed while
 saving leaves the previous checkpoint intact, and read with ``torch.load(...,
 weights_only=True)``, the safe default since PyTorch 2.6: a checkpoint holds tensors,
-numbers, strings and containers of them, never pickled code. Imports torch.
+numbers, strings and containers of them, never pickled code. Each temporary name is unique
+to its writer (host, process, thread), the temporary files a killed save left are removed by
+the next save to the same path, and only a regular file or a new path is ever replaced (never
+a symlink, FIFO or device node). A sha256 of the contents is stored and checked on load, so
+one changed byte is a ValueError (files saved before the checksum was stored load as before).
+A refused load changes nothing: every part is checked before any is applied. Imports torch.
 """
 
 from __future__ import annotations
@@ -298,11 +303,14 @@ def save_checkpoint(path, *, model: nn.Module, optimizer=None, scaler=None, epoc
     """Write model, optimizer, GradScaler, RNG states, epoch and step to one file, atomically.
 
     The file is written under a temporary name and read back (``weights_only=True``) before
-    it replaces ``path``, so a save never leaves an unreadable checkpoint where a good one was.
+    it replaces ``path``, so a save never leaves an unreadable checkpoint where a good one was;
+    a full disk is an OSError (ENOSPC) that names the file and says the old one was kept.
 
     Args:
-        path: file to write (its folder is created). Under DDP call this on rank 0 only.
-        model: the model, wrapped in DDP/DataParallel or not: ``model.module`` is saved.
+        path: file to write (its folder is created): a regular file or a new path, never a
+            symlink, FIFO or device node. Under DDP call this on rank 0 only.
+        model: the model, wrapped in DDP/DataParallel or not: ``model.module`` is saved. A
+            model on the meta device or made of fake tensors is refused (it holds no data).
         optimizer: a ``torch.optim.Optimizer`` (or None).
         scaler: a ``torch.amp.GradScaler`` (or None).
         epoch: epochs completed (resume starts at this epoch).
