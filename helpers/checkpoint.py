@@ -187,7 +187,7 @@ def _writable(path: Path, what: str = "path") -> None:
     symlink at ``path`` would be replaced by the rename (as root, /dev/null too)."""
     try:
         mode = os.lstat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a new path (its folder is made later)
         return
     if stat.S_ISDIR(mode):
         raise ValueError(f"{what} {path} is a folder; give the checkpoint's file name")
