@@ -183,8 +183,12 @@ def resume(args, ddp, optimizer, scaler, device, rank, steps_per_epoch):
     fresh = {"loss_sum": 0.0, "steps": 0}
     if args.checkpoint is None or not args.checkpoint.is_file():
         return 0, 0, fresh
-    info = load_checkpoint(args.checkpoint, model=ddp, optimizer=optimizer, scaler=scaler,
-                           map_location=device)
+    try:
+        info = load_checkpoint(args.checkpoint, model=ddp, optimizer=optimizer, scaler=scaler,
+                               map_location=device)
+    except ValueError as exc:  # another model's, damaged, not a kit checkpoint: nothing loaded
+        sys.exit(f"ddp_train.py: error: cannot resume from --checkpoint: {exc}. Give another "
+                 "--checkpoint path to start afresh")
     saved = info.extra.get("totals")  # absent in a kit checkpoint another script saved
     if isinstance(saved, dict) and {"loss_sum", "steps"} <= set(saved):
         totals = {"loss_sum": float(saved["loss_sum"]), "steps": int(saved["steps"])}

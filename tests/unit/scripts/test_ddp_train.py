@@ -202,3 +202,20 @@ def test_issue33_resuming_a_kit_checkpoint_without_totals_works(tmp_path, capsys
     assert torch.equal(fresh.head.weight, model.head.weight)
     out = capsys.readouterr().out
     assert "holds no running loss" in out and "epoch 2, 28 of 32 steps already done" in out
+
+
+def test_issue33_an_unusable_checkpoint_is_a_clear_exit_not_a_traceback(tmp_path):
+    """Another model's checkpoint (or a damaged one) raised a ValueError traceback in every
+    process; the script now exits with the reason and what to do."""
+    from helpers.checkpoint import save_checkpoint
+    from helpers.models import MLP
+
+    module = load_script("ddp_train", "ddp_train_resume")
+    path = save_checkpoint(tmp_path / "c.pt", model=MLP(32, 64, 2, 4), epoch=1)
+    args = module.parse_args(["--checkpoint", str(path)])
+    model = MLP(32, 128, 2, 4)
+    with pytest.raises(SystemExit) as caught:
+        module.resume(args, model, torch.optim.SGD(model.parameters(), lr=0.1),
+                      torch.amp.GradScaler("cpu", enabled=False), torch.device("cpu"), 0, 32)
+    assert "cannot resume from --checkpoint" in str(caught.value)
+    assert "different model" in str(caught.value) and "start afresh" in str(caught.value)
