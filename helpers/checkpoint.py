@@ -412,13 +412,16 @@ def _load(path: Path, map_location, shown: Path) -> dict:
 def read_checkpoint(path, map_location="cpu") -> dict:
     """Load a checkpoint written by :func:`save_checkpoint` as a dict (weights_only=True).
 
-    A missing file is a FileNotFoundError; an empty, cut-short, foreign or damaged file a
-    ValueError naming the file and what is wrong.
+    A missing file is a FileNotFoundError; an empty, cut-short, foreign or damaged file
+    (one whose contents no longer match their stored sha256) a ValueError naming the file and
+    what is wrong. The dict holds the parts only: the checksum, once verified, is left out.
     """
     path = _file(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    return _load(path, device_arg(map_location, "map_location"), shown=path)
+    state = _load(path, device_arg(map_location, "map_location"), shown=path)
+    state.pop("sha256", None)
+    return state
 
 
 @dataclass(repr=False)
