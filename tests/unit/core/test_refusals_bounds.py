@@ -59,7 +59,7 @@ def test_a_refused_setup_changes_nothing(kwargs, restore_torch_flags):
 
 
 # ---------------------------------------------------------- fake tensors on a missing device
-@pytest.mark.skipif(torch.version.cuda is not None, reason="this PyTorch is built with CUDA")
+@pytest.mark.skipif(torch.backends.cuda.is_built(), reason="this PyTorch is built with CUDA")
 @pytest.mark.parametrize("device", ["cuda", "cuda:0", "mps", "xpu"])
 def test_fake_tensors_on_a_device_this_torch_lacks_are_refused(device):
     kind = device.split(":")[0]
@@ -72,6 +72,15 @@ def test_fake_tensors_on_a_device_this_torch_lacks_are_refused(device):
     with pytest.raises(ValueError, match=rf"device='{kind}'.*Use device='cpu'"):
         helpers.full_scale(device=device)
     helpers.VirtualGPU("1 GiB", device=device)  # counting real tensors of a kind is fine
+
+
+@pytest.mark.skipif(torch.backends.cuda.is_built(), reason="this PyTorch is built with CUDA")
+def test_fake_cuda_is_refused_under_simulated_cuda_too():
+    with helpers.SimulatedCuda():  # torch.version.cuda and pick_device() say CUDA here
+        with pytest.raises(ValueError, match=r"pick_device\(\)'s choice"):
+            helpers.VirtualGPU("1 GiB", fake=True)
+        with pytest.raises(ValueError, match="device='cuda'"):
+            helpers.full_scale()
 
 
 def test_fake_tensors_on_cpu_and_meta_still_work():
