@@ -476,6 +476,10 @@ def check_training(make_step: Callable, *, batch_size: int = 256, model=None, op
 
         device = pick_device()
     device = device_arg(device, "device")  # "cuda" without CUDA: ValueError (fuzz case 9)
+    if device.type == "meta":  # the small-scale run reads losses, which meta tensors lack
+        raise ValueError("device must be a device that computes ('cpu', 'cuda', 'mps'), got "
+                         "'meta': check_training trains a few real steps to read the losses "
+                         "(the full-scale part needs no device: it uses fake tensors)")
     label = text(name, "name") if name is not None else getattr(make_step, "__name__",
                                                                   "training step")
 

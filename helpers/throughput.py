@@ -523,6 +523,10 @@ def compare(runs: Mapping[str, Callable[[], int]], *, rounds: int = 2,
             raise TypeError(f"runs must map names (str) to functions, got {name!r}: {fn!r}")
     rounds = positive_int(rounds, "rounds")
     wait = sync_function(sync)
+    for what, mapping in (("skipped", skipped), ("notes", notes)):
+        if mapping is not None and not isinstance(mapping, Mapping):
+            raise TypeError(f"{what} must be a dict of rung name -> reason (a string) or None, "
+                            f"got {type(mapping).__name__}")
     skipped, notes = dict(skipped or {}), dict(notes or {})
     for what, mapping in (("skipped", skipped), ("notes", notes)):
         for name, reason in mapping.items():

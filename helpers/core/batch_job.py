@@ -131,7 +131,8 @@ class BatchJobResult:
 
     returncode: int
     output: str  # standard output and error, interleaved
-    files: dict[str, str] = field(default_factory=dict)  # name -> text, the folder's new files
+    # name -> contents of the folder's new files: text, or bytes for a file that is not UTF-8
+    files: dict[str, str | bytes] = field(default_factory=dict)
     left_running: int = 0  # nvidia-smi stand-ins still running when the script ended
 
     def __repr__(self) -> str:
@@ -168,6 +169,56 @@ def _still_running(pids: list[int], grace: float = 1.0) -> list[int]:
         time.sleep(0.02)
 
 
+def _end_job(proc: subprocess.Popen, grace: float = 1.0) -> None:
+    """Stop every process of the job's process group (the script, its background jobs, its
+    loggers): SIGTERM, then SIGKILL to what is left after ``grace`` seconds; reap the script."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break  # nothing of the job is left
+        if sig == signal.SIGTERM:
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and _group_alive(proc.pid):
+                proc.poll()  # reap the script itself once it ends
+                time.sleep(0.02)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:  # cannot happen after SIGKILL; never wait forever
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is running (zombies do not count where /proc
+    says so)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                return True
+    return False
+
+
+def _contents(path: Path) -> str | bytes:
+    """A file the job wrote: its text when it is UTF-8, else its bytes (a binary file, such as
+    a checkpoint, must not come back as mangled text)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+
+
 def rehearse_batch_job(script: str, files: Mapping[str, str] | None = None, *,
                        job_id: int = 4242, speedup: float = 50.0,
                        timeout: float = 60.0) -> BatchJobResult:
@@ -183,6 +234,9 @@ def rehearse_batch_job(script: str, files: Mapping[str, str] | None = None, *,
             10,000).
         timeout: seconds the script may run (0.1 to 3,600); then it is stopped and
             TimeoutError raised.
+
+    However it ends (normally, with an error, on the timeout or on Ctrl-C), every process
+    the job started in its process group is stopped, as SLURM ends a job's processes.
     """
     script = text(script, "script", longest=100_000)
     if not script.startswith("#!"):
@@ -217,23 +271,26 @@ def rehearse_batch_job(script: str, files: Mapping[str, str] | None = None, *,
                "SLURM_JOB_ID": str(job_id), "SLURM_JOB_NAME": "rehearsal",
                "SLURM_SUBMIT_DIR": str(folder), "REHEARSAL_SMI_PIDS": str(pids)}
         log = Path(tmp) / "output"
-        with open(log, "w") as sink, subprocess.Popen(
+        with open(log, "w") as sink:  # a file, not a pipe: a logger left running must not
+            proc = subprocess.Popen(  # hold the wait open
                 ["bash", "job.sh"], cwd=folder, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True) as proc:
-            try:  # a file, not a pipe: a logger left running must not hold the wait open
+                stdin=subprocess.DEVNULL, start_new_session=True)
+        running: list[int] = []
+        try:
+            try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
                 raise TimeoutError(f"the batch script ran longer than timeout={timeout:g} s "
                                    "and was stopped") from None
-        running = [int(p) for p in pids.read_text().split()] if pids.exists() else []
-        running = _still_running(running)
-        for pid in running:
-            os.kill(pid, signal.SIGTERM)
-        found = {}
+            running = [int(p) for p in pids.read_text().split()] if pids.exists() else []
+            running = _still_running(running)
+            for pid in running:
+                os.kill(pid, signal.SIGTERM)
+        finally:  # every exit (normal, error, timeout, Ctrl-C): SLURM ends the whole job
+            _end_job(proc)
+        found: dict[str, str | bytes] = {}
         for path in sorted(folder.iterdir()):
             if path.is_file() and path.name != "job.sh" and path.name not in files:
-                found[path.name] = path.read_text(errors="replace")
+                found[path.name] = _contents(path)
         output = log.read_text(errors="replace")
     return BatchJobResult(proc.returncode, output, found, len(running))

@@ -7,6 +7,8 @@ enough that every lesson runs in well under a minute on two CPU cores.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .checks import flag, positive_int, real_number, whole_number
@@ -44,6 +46,7 @@ def classification_data(
         raise ValueError(f"n_classes must be at least 2, got {n_classes}")
     noise = real_number(noise, "noise", 0)
     _size_check((n_samples, n_features), "n_samples, n_features")
+    _size_check((n_classes, n_features), "n_classes, n_features")  # one centre per class
     rng = np.random.default_rng(_seed(seed))
     centres = rng.normal(0.0, 2.0, size=(n_classes, n_features))
     y = rng.integers(0, n_classes, size=n_samples)
@@ -102,13 +105,29 @@ def torch_dataset(x, y):
     return TensorDataset(*tensors)
 
 
+def most_workers() -> int:
+    """The most ``num_workers`` :func:`torch_loader` accepts: 4 per CPU core, at least 8.
+    Each worker is a process with a copy of the data set; more only wait for a core."""
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
 def torch_loader(x, y, batch_size: int = 64, *, shuffle: bool = True, seed: int = 0, **kwargs):
-    """A ``DataLoader`` over ``(x, y)`` with a seeded shuffle (same order every run)."""
+    """A ``DataLoader`` over ``(x, y)`` with a seeded shuffle (same order every run).
+
+    Other keyword arguments go to ``DataLoader``; ``num_workers`` (worker processes) is at most
+    :func:`most_workers` (4 per CPU core, at least 8) and ``prefetch_factor`` (batches each
+    worker holds ready) at most 64."""
     import torch
     from torch.utils.data import DataLoader
 
     batch_size = positive_int(batch_size, "batch_size")
     flag(shuffle, "shuffle")
+    if "num_workers" in kwargs:
+        most = most_workers()
+        kwargs["num_workers"] = whole_number(kwargs["num_workers"], "num_workers", 0, most)
+    if kwargs.get("prefetch_factor") is not None:
+        kwargs["prefetch_factor"] = positive_int(kwargs["prefetch_factor"], "prefetch_factor",
+                                                 64)
     generator = torch.Generator().manual_seed(_seed(seed))
     return DataLoader(
         torch_dataset(x, y), batch_size=batch_size, shuffle=shuffle, generator=generator,

@@ -120,15 +120,18 @@ def setup(seed: int = 0, *, deterministic: bool = True, benchmark: bool = False,
         A :class:`SetupReport` listing what was seeded and set.
     """
     seed = whole_number(seed, "seed", 0, 2**32 - 1)
-    flag(deterministic, "deterministic")
-    flag(benchmark, "benchmark")
+    # every argument is checked (and NumPy bools made plain bools, which torch's setters
+    # insist on) before anything is set: a refused call changes nothing
+    deterministic = flag(deterministic, "deterministic")
+    benchmark = flag(benchmark, "benchmark")
     if benchmark and deterministic:
         raise ValueError("benchmark=True picks cuDNN algorithms by timing them, which is not "
                          "repeatable; use it with deterministic=False")
     if tensorflow is not None:
-        flag(tensorflow, "tensorflow")
+        tensorflow = flag(tensorflow, "tensorflow")
     if torch is not None:
-        flag(torch, "torch")
+        torch = flag(torch, "torch")
+    pt = _torch_module(torch)  # ImportError (torch=True without PyTorch) before any change
 
     report = SetupReport(seed=seed, deterministic=deterministic, benchmark=benchmark)
     report.settings.update(quiet_tensorflow_env())
@@ -141,7 +144,6 @@ def setup(seed: int = 0, *, deterministic: bool = True, benchmark: bool = False,
     np.random.seed(seed)
     report.seeded.append("numpy")
 
-    pt = _torch_module(torch)
     if pt is not None:
         pt.manual_seed(seed)  # also seeds every CUDA device
         report.seeded.append("torch")

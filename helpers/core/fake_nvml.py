@@ -47,7 +47,7 @@ import sys
 import types
 from dataclasses import dataclass, field
 
-from .checks import flag, text, whole_number
+from .checks import flag, real_number, text, whole_number
 
 __all__ = ["FakeNvml", "FakeGpu", "FAILURES", "NVMLError", "NVMLLibraryMismatchError",
            "simulated_uuid"]
@@ -212,21 +212,41 @@ class FakeNvml(types.ModuleType):
         if not all(isinstance(g, FakeGpu) for g in gpus):
             raise TypeError("gpus must be a FakeGpu or a list of FakeGpu")
         text(driver, "driver (a version such as '580.95.05')", longest=100)
-        failures = {fail} if isinstance(fail, str) else set(fail)
+        cuda_driver = whole_number(cuda_driver, "cuda_driver", 0, 10**6)
+        if isinstance(fail, str):
+            failures = {fail}
+        elif isinstance(fail, (list, tuple, set, frozenset)):
+            failures = set(fail)
+        else:
+            raise TypeError(f"fail must be a failure name or a list of them, got "
+                            f"{type(fail).__name__}")
+        if not all(isinstance(f, str) for f in failures):
+            raise TypeError("fail must hold failure names (strings), got "
+                            f"{sorted(map(repr, failures))}")
         unknown = failures - FAILURES
         if unknown:
             raise ValueError(f"fail: unknown failure(s) {sorted(unknown)}; choose from "
                              f"{sorted(FAILURES)}")
+        if this_process_bytes is not None:  # checked before any GPU is changed
+            if isinstance(this_process_bytes, float):  # 2e9 as before; inf and NaN refused
+                number = real_number(this_process_bytes, "this_process_bytes", 0)
+                if not number.is_integer():
+                    raise ValueError(f"this_process_bytes must be a whole number of bytes, "
+                                     f"got {number!r}")
+                this_process_bytes = int(number)
+            this_process_bytes = whole_number(this_process_bytes, "this_process_bytes", 0,
+                                              2**63 - 1)
+        bytes_names = flag(bytes_names, "bytes_names")
         self.gpus = gpus
         for i, g in enumerate(gpus):
             if g.uuid is None:
                 g.uuid = "GPU-" + simulated_uuid(i)
         if this_process_bytes is not None and gpus:
-            gpus[0].processes = [*gpus[0].processes, (os.getpid(), int(this_process_bytes))]
+            gpus[0].processes = [*gpus[0].processes, (os.getpid(), this_process_bytes)]
         self.driver = driver
         self.cuda_driver = cuda_driver
         self.failures = failures
-        self.bytes_names = bool(bytes_names)
+        self.bytes_names = bytes_names
         self.log: list[tuple] = []
         self.initialised = 0
         self.__dict__.update(_ERRORS)

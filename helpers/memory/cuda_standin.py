@@ -140,6 +140,9 @@ class SimulatedEvent:
         return f"<simulated torch.cuda.Event {self.id}>"
 
 
+MOST_DEVICES = 1024  # the most GPUs a SimulatedCuda simulates
+
+
 class SimulatedCuda:
     """Make ``torch.cuda`` answer as on a machine with ``device_count`` NVIDIA GPUs.
 
@@ -181,7 +184,9 @@ class SimulatedCuda:
                  cuda_version: str | None = "13.0", available: bool = True):
         from .virtual import VirtualGPU
 
-        self.device_count = whole_number(device_count, "device_count", 1)
+        # each simulated GPU is an object with its own state: a bound keeps 2**31 from
+        # hanging the kernel (the largest real nodes have 8 to 16 GPUs)
+        self.device_count = whole_number(device_count, "device_count", 1, MOST_DEVICES)
         if name is not None:
             text(name, "name")
         if (not isinstance(capability, tuple) or len(capability) != 2

@@ -12,6 +12,7 @@ import html
 import io
 from dataclasses import dataclass, field
 
+from ..core.checks import flag
 from ..core.fmt import ShownAsTable, Table, fmt_bytes
 
 __all__ = ["MemoryReport", "StepMemory", "Timeline", "CudaStats", "CATEGORIES", "PHASES",
@@ -284,8 +285,17 @@ class MemoryReport(ShownAsTable):
             The matplotlib Figure (displayed when it ends a notebook cell).
         """
         import matplotlib.pyplot as plt
+        from matplotlib.axes import Axes
 
-
+        if ax is not None and not isinstance(ax, Axes):
+            shape = getattr(ax, "shape", None)
+            hint = (f"; plt.subplots() returned an array of axes {tuple(shape)}: pass one of "
+                    "them, such as axes[0]" if shape is not None else "")
+            raise TypeError(f"ax must be a matplotlib Axes or None, got "
+                            f"{type(ax).__name__}{hint}")
+        if title is not None and not isinstance(title, str):
+            raise TypeError(f"title must be a string or None, got {type(title).__name__}")
+        legend = flag(legend, "legend")
         if unit not in (None, "MiB", "GiB"):
             raise ValueError(f"unit must be 'MiB', 'GiB' or None, got {unit!r}")
         cols = self.timeline.columns
@@ -298,6 +308,9 @@ class MemoryReport(ShownAsTable):
         fig = ax.figure
         x = cols["point"]
         n = len(x)
+        if n == 0:
+            raise ValueError("this report recorded no memory to plot: measure the step inside "
+                             "a helpers.VirtualGPU (or on a CUDA GPU), which counts its tensors")
         # phase shading: contiguous runs
         start = 0
         labelled = set()
@@ -312,7 +325,7 @@ class MemoryReport(ShownAsTable):
         # long-lived categories at the bottom, short-lived ones on top
         cats = [c for c in _STACK_ORDER if any(cols.get(c, ()))]
         ys = [[v / scale for v in cols[c]] for c in cats]
-        polys = ax.stackplot(x, *ys, labels=[CATEGORY_TITLES[c] for c in cats],
+        polys = [] if not cats else ax.stackplot(x, *ys, labels=[CATEGORY_TITLES[c] for c in cats],
                              colors=[_COLOURS[c] for c in cats], step="post")
         for poly in polys:  # no hairline gaps between the steps
             poly.set_edgecolor("face")

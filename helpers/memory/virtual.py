@@ -151,6 +151,35 @@ def is_fake_value_error(exc: BaseException) -> bool:
     return isinstance(exc, DataDependentOutputException)
 
 
+def _compiled_in(kind: str) -> bool:
+    """Was this PyTorch built with the device kind (``"cuda"``, ``"mps"``, ``"xpu"``)?"""
+    if kind == "cuda":
+        # torch._C's flag, not torch.version.cuda: helpers.SimulatedCuda changes the latter
+        return bool(getattr(torch._C, "_has_cuda", False))
+    if kind == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        return mps is not None and mps.is_built()
+    if kind == "xpu":
+        xpu = getattr(torch, "xpu", None)
+        return xpu is not None and bool(getattr(xpu, "_is_compiled", lambda: False)())
+    return False
+
+
+def fake_device_check(kind: str, name: str = "device", *, chosen: bool = False) -> None:
+    """ValueError unless fake tensors can live on ``kind`` here: ``cpu`` and ``meta`` always,
+    ``cuda``/``mps``/``xpu`` only on a PyTorch built with them (on other builds the first
+    operation on such a fake tensor aborts the interpreter, killing a notebook's kernel)."""
+    if kind in ("cpu", "meta") or _compiled_in(kind):
+        return
+    build = torch.__version__
+    how = " (helpers.pick_device()'s choice: pass device='cpu')" if chosen else ""
+    raise ValueError(
+        f"{name}={kind!r}{how} in full-scale (fake tensor) mode needs a PyTorch built with "
+        f"{kind.upper()} support, and this one ({build}) is not: its first operation on a "
+        f"fake {kind} tensor would abort the Python interpreter. Use {name}='cpu': the "
+        "tensors' shapes, dtypes and bytes are the same")
+
+
 class full_scale:  # noqa: N801 - used like a function: ``with helpers.full_scale():``
     """Full-scale mode: tensors made inside are *fake* (exact shapes, dtypes and bytes, no data).
 
@@ -174,6 +203,7 @@ class full_scale:  # noqa: N801 - used like a function: ``with helpers.full_scal
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         kind = device_type(device)  # validates
+        fake_device_check(kind, "device", chosen=device is None)
         self.device = torch.device(kind) if device is None else torch.device(device)
         self.mode = FakeTensorMode()
         self._active = False
@@ -321,6 +351,8 @@ class VirtualGPU(ShownAsTable):
         self.fake = flag(fake, "fake")
         self.index = whole_number(index, "index", 0, 1023)
         self.device_type = device_type(device)
+        if self.fake:
+            fake_device_check(self.device_type, chosen=device is None)
         limit = cap - self.context_bytes
         self._allocator = CachingAllocator(limit) if rounding else ExactAllocator(limit)
         self._engine = Engine(self._allocator, device_type=self.device_type,
