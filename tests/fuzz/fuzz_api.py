@@ -29,8 +29,8 @@ missing check of case 11, which needs a fresh interpreter. Only facade names (``
 are used, so the same run works against an old checkout: ``--repo`` puts that checkout's
 ``helpers`` first on ``sys.path``.
 
-    python scripts/fuzz_api.py --repo /path/to/checkout --examples 12 --out results.json
-    python scripts/fuzz_api.py --repo . --before before.json --out after.json
+    python tests/fuzz/fuzz_api.py --repo /path/to/checkout --examples 12 --out results.json
+    python tests/fuzz/fuzz_api.py --repo . --before before.json --out after.json
 """
 
 from __future__ import annotations
@@ -2171,7 +2171,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="Fuzz the public API of helpers and classify each call as the fuzz "
                     "review does (hard/soft failures, the 11 numbered fuzz cases).")
-    parser.add_argument("--repo", default=str(Path(__file__).resolve().parents[1]),
+    parser.add_argument("--repo", default=str(Path(__file__).resolve().parents[2]),
                         help="checkout whose helpers package is imported (default: this one)")
     parser.add_argument("--examples", type=int, default=12,
                         help="hypothesis draws per cheap parameter (slow ones get fewer); "

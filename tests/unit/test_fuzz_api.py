@@ -1,4 +1,4 @@
-"""scripts/fuzz_api.py: the harness runs, and classifies known-good and known-bad calls as the
+"""tests/fuzz/fuzz_api.py: the harness runs, and classifies known-good and known-bad calls as the
 fuzz review does (fakes only: no torch, no real helpers call)."""
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
+FUZZ_API = ROOT / "tests" / "fuzz" / "fuzz_api.py"
 
 
 @pytest.fixture(scope="module")
 def fuzz():
     spec = importlib.util.spec_from_file_location("fuzz_api_under_test",
-                                                  ROOT / "scripts" / "fuzz_api.py")
+                                                  FUZZ_API)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -131,7 +132,7 @@ def test_harness_runs_end_to_end_on_a_fake_package(tmp_path):
     (package / "fmt.py").write_text(FAKE_FMT)
     out = tmp_path / "results.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "fuzz_api.py"), "--repo", str(package.parent),
+        [sys.executable, str(FUZZ_API), "--repo", str(package.parent),
          "--only", "fmt_bytes,parse_capacity", "--examples", "2", "--out", str(out),
          "--quiet"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
