@@ -376,6 +376,21 @@ def state_snapshot(folder=None) -> dict:
 
 
 def _children_pids() -> list[int]:
+    """Live (not zombie) direct children; /proc is read directly (fast: one call each)."""
+    pid = os.getpid()
+    try:
+        pids = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                pids += [int(p) for p in f.read().split()]
+        live = []
+        for child in pids:
+            with contextlib.suppress(OSError), open(f"/proc/{child}/stat") as f:
+                if f.read().rsplit(")", 1)[-1].split()[0] != "Z":
+                    live.append(child)
+        return live
+    except (OSError, ValueError):
+        pass
     try:
         import psutil
 
@@ -553,7 +568,7 @@ class Fuzzer:
         self.tmp = self.sandbox / "harness"
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.special = special_paths(self.sandbox / "special")
-        self.repo = Path(repo).resolve() if repo else Path(helpers.__file__).resolve().parents[1]
+        self.repo = Path(repo or Path(helpers.__file__).parents[1]).resolve()
         self.check_state = check_state
         self._torch = None
         threading.excepthook = self._thread_hook
@@ -2709,6 +2724,47 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    repo = Path(args.repo).resolve()
+    if not (repo / "helpers" / "__init__.py").is_file():
+        print(f"error: {repo} has no helpers package", file=sys.stderr)
+        return 2
+    out = Path(args.out).resolve() if args.out else None
+    before = json.loads(Path(args.before).read_text()) if args.before else None
+    made_sandbox = not args.sandbox
+    sandbox = Path(args.sandbox or tempfile.mkdtemp(prefix="fuzz_api_")).resolve()
+    if args.sandbox and (not sandbox.is_dir() or any(sandbox.iterdir())):
+        print(f"error: --sandbox must name an empty folder: {sandbox}", file=sys.stderr)
+        return 2
+    # the sandbox, before anything is imported: temporary files, HOME (Keras, matplotlib),
+    # hypothesis's folder and the working folder all inside it; then the limits (children
+    # inherit them)
+    for sub in ("tmp", "home", "harness"):
+        (sandbox / sub).mkdir()
+    os.environ.update(TMPDIR=str(sandbox / "tmp"), HOME=str(sandbox / "home"),
+                      MPLCONFIGDIR=str(sandbox / "home" / "mpl"),
+                      KERAS_HOME=str(sandbox / "home" / "keras"),
+                      HYPOTHESIS_STORAGE_DIRECTORY=str(sandbox / "home" / "hypothesis"))
+    tempfile.tempdir = str(sandbox / "tmp")
+    # hypothesis's Unicode tables take seconds to build: copied (only read) from a cache here
+    for cache in (Path.cwd() / ".hypothesis" / "unicode_data",
+                  repo / ".hypothesis" / "unicode_data"):
+        if cache.is_dir():
+            with contextlib.suppress(OSError):
+                shutil.copytree(cache, sandbox / "home" / "hypothesis" / "unicode_data")
+            break
+    home = os.getcwd()
+    os.chdir(sandbox / "harness")  # whatever a fuzzed call writes lands in the sandbox
+    try:
+        return _run(args, repo, sandbox, out, before)
+    finally:
+        os.chdir(home)
+        if made_sandbox:
+            shutil.rmtree(sandbox, ignore_errors=True)
+
+
+def _run(args, repo: Path, sandbox: Path, out, before) -> int:
+    import resource
+
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                 "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
         os.environ[var] = "1"
@@ -2717,10 +2773,13 @@ def main(argv=None) -> int:
     with contextlib.suppress(OSError):
         os.nice(19)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 3000))
-    repo = Path(args.repo).resolve()
-    if not (repo / "helpers" / "__init__.py").is_file():
-        print(f"error: {repo} has no helpers package", file=sys.stderr)
-        return 2
+    applied = apply_limits(sandbox_limits(user_tasks(), memory_gib=args.memory_gib,
+                                          file_mib=args.file_mib))
+    limits = {n: applied.get(getattr(resource, n)) for n in ("RLIMIT_NPROC", "RLIMIT_AS",
+                                                             "RLIMIT_FSIZE")}
+    log = (lambda text: None) if args.quiet else (
+        lambda text: print(text, file=sys.__stderr__, flush=True))
+    log(f"sandbox {sandbox}; limits: {limits}")
     sys.path.insert(0, str(repo))
     for name in [m for m in sys.modules if m == "helpers" or m.startswith("helpers.")]:
         del sys.modules[name]
@@ -2730,39 +2789,10 @@ def main(argv=None) -> int:
         print(f"error: imported {helpers.__file__}, not {repo}", file=sys.stderr)
         return 2
     only = [n.strip() for n in args.only.split(",") if n.strip()]
-    out = Path(args.out).resolve() if args.out else None
-    before = json.loads(Path(args.before).read_text()) if args.before else None
-    log = (lambda text: None) if args.quiet else (
-        lambda text: print(text, file=sys.__stderr__, flush=True))
     started = time.perf_counter()
-    made_sandbox = not args.sandbox
-    sandbox = Path(args.sandbox or tempfile.mkdtemp(prefix="fuzz_api_")).resolve()
-    if args.sandbox and (not sandbox.is_dir() or any(sandbox.iterdir())):
-        print(f"error: --sandbox must name an empty folder: {sandbox}", file=sys.stderr)
-        return 2
-    # the sandbox: temporary files, HOME (Keras and matplotlib settings) and the working
-    # folder all inside it; then the limits (children inherit them)
-    for sub in ("tmp", "home"):
-        (sandbox / sub).mkdir()
-    os.environ.update(TMPDIR=str(sandbox / "tmp"), HOME=str(sandbox / "home"),
-                      MPLCONFIGDIR=str(sandbox / "home" / "mpl"),
-                      KERAS_HOME=str(sandbox / "home" / "keras"))
-    tempfile.tempdir = str(sandbox / "tmp")
-    limits = apply_limits(sandbox_limits(user_tasks(), memory_gib=args.memory_gib,
-                                         file_mib=args.file_mib))
-    import resource
-
-    limits = {n: limits.get(getattr(resource, n)) for n in ("RLIMIT_NPROC", "RLIMIT_AS",
-                                                            "RLIMIT_FSIZE")}
-    log(f"sandbox {sandbox}; limits: {limits}")
     fuzzer = Fuzzer(helpers, examples=args.examples, only=only, log=log, trace=args.trace,
                     sandbox=sandbox, repo=repo, check_state=not args.no_state_check)
-    home = os.getcwd()
-    os.chdir(fuzzer.tmp)  # whatever a fuzzed call writes lands in the sandbox
-    try:
-        fuzzer.run(cases=not args.no_cases)
-    finally:
-        os.chdir(home)
+    fuzzer.run(cases=not args.no_cases)
     commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     result = {"repo": str(repo), "commit": commit, "examples": args.examples, "only": only,
@@ -2778,8 +2808,6 @@ def main(argv=None) -> int:
     if out:
         out.write_text(json.dumps(result, indent=1, default=str))
     fuzzer.reap_children()
-    if made_sandbox:
-        shutil.rmtree(sandbox, ignore_errors=True)
     return 0
 
 
