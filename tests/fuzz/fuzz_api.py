@@ -45,6 +45,7 @@ import numbers
 import os
 import pickle
 import random
+import re
 import shutil
 import signal
 import stat
@@ -430,6 +431,7 @@ def cli_verdict(returncode, stderr: str, valid) -> tuple[str, str]:
     argument is silent."""
     text = stderr.strip()
     last = text.splitlines()[-1] if text else ""
+    last = re.sub(r"^\[(?:rank|default)\d*\]:\s*", "", last)  # torchrun's per-rank prefix
     if "Traceback (most recent call last)" in stderr:
         name = last.split(":", 1)[0].strip().rsplit(".", 1)[-1] or "Traceback"
         return f"escape:{name}", last[:200]
@@ -2079,7 +2081,9 @@ class Fuzzer:
                      [script, "--ddp", str(2**31)], [script, "--max-forwards", "0"],
                      [str(self.special["fifo"])], [str(self.special["dangling_link"])],
                      [str(self.tmp)], ["missing.py"]):
-            self.cli("python -m helpers.fit", fit + args, timeout=60)
+            self.fresh_special()
+            self.cli("python -m helpers.fit", fit + args, timeout=20 if any(
+                "special" in a for a in args) else 60)
         self.cli("python -m helpers.fit", fit + [script], valid=True, timeout=120)
         ddp = str(self.repo / "scripts" / "ddp_train.py")
         if not Path(ddp).is_file():

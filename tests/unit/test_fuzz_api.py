@@ -294,6 +294,8 @@ def test_command_line_verdicts(fuzz):
         "rejected")
     tb = "Traceback (most recent call last):\n  File ...\nMemoryError: cannot allocate\n"
     assert fuzz.cli_verdict(1, tb, False) == ("escape:MemoryError", "MemoryError: cannot allocate")
+    assert fuzz.cli_verdict(1, "Traceback (most recent call last):\n[rank0]: KeyError: 'totals'\n",
+                            None)[0] == "escape:KeyError"
     assert fuzz.cli_verdict(0, "", False)[0] == "silent"
     assert fuzz.cli_verdict(0, "", True)[0] == "accepted"
     assert fuzz.cli_verdict(None, "", False)[0] == "hang"
