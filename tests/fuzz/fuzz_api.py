@@ -3,10 +3,17 @@
 
 Every exported name (``helpers._EXPORTS``: functions, constructors and the methods that matter,
 such as ``LivePlot.step``/``summary``, ``VirtualGPU.track``, checkpoint round trips, gauge
-pollers) gets a fixed list of edge values (NaN, +-inf, 5e-324, 1e308, +-10**400, 2**63, bools,
-NumPy scalars, Fraction, Decimal, bytes, complex, full-width digits, a 100 k-character string,
-lists, dicts, objects, a self-referencing list) and ``--examples`` hypothesis draws per
-parameter, plus the state scenarios of the review. Each call is classified:
+pollers) gets a fixed list of edge values (NaN, +-inf, 5e-324, 1e308, +-10**400, 2**31, 2**63,
+bools, NumPy scalars (float64 NaN, float32 inf, int32, uint64 2**63...), Fraction, Decimal,
+bytes, complex, full-width digits, a 100 k-character string, lists, dicts, objects, a
+self-referencing list) and ``--examples`` hypothesis draws per parameter, plus the state
+scenarios of the review. Paths get odd files made in the sandbox: a FIFO, a link to it, a
+"device node" stand-in (a FIFO at ``dev/null``: never a real device, and every path is checked
+with ``os.stat`` before use), a dangling link, a link to a regular file and 250/256-character
+names. Also fuzzed: the planner (``will_it_fit``, ``Plan.slurm``), the Keras helpers,
+``SimulatedCuda`` and ``FakeNvml`` entered and used, and the command-line programs
+(``python -m helpers.fit``, ``scripts/ddp_train.py``) with bad arguments, which must exit 2
+with a message and no traceback. Each call is classified:
 
 * passed: ``accepted`` (returned for an input that is not clearly bad), ``rejected`` (a
   ValueError/TypeError whose message names the argument) or ``documented`` (an error the
@@ -16,8 +23,12 @@ parameter, plus the state scenarios of the review. Each call is classified:
 * hard failures: ``escape:<Exception>`` (anything else escaped, also from a polling thread),
   ``hang`` (no result within the per-call alarm), ``leak`` (memory above the baseline after a
   caught out-of-memory error, or a child process left running), ``corrupt`` (a good checkpoint
-  replaced by one that cannot be loaded), ``threads`` (more than one polling thread of a kind);
-* soft failures: ``side-effect`` (a rejected call changed state or printed a traceback),
+  replaced by one that cannot be loaded), ``threads`` (more than one polling thread of a kind),
+  ``replaced`` (a FIFO, link or device stand-in replaced by a regular file);
+* soft failures: ``side-effect`` (a rejected call changed state: the Python/NumPy/torch
+  generators, torch's default dtype/device, grad mode, threads, determinism, signal handlers,
+  sys.stdout/stderr, live threads, child processes or the files in the sandbox; or it printed
+  a traceback),
   ``silent`` (a clearly bad input was accepted), ``unclear`` (a ValueError/TypeError whose
   message does not name the argument).
 
@@ -25,9 +36,14 @@ The eleven numbered fuzz cases (bad input and lost data) are scenarios made of s
 calls; a case passes when all of its calls pass.
 
 Everything runs in this one process (at low priority, one torch thread), except the psutil-
-missing check of case 11, which needs a fresh interpreter. Only facade names (``helpers.X``)
-are used, so the same run works against an old checkout: ``--repo`` puts that checkout's
-``helpers`` first on ``sys.path``.
+missing check of case 11 and the command-line programs, which need fresh interpreters. It all
+runs in a sandbox folder (``--sandbox``, default a new temporary folder removed at the end):
+working folder, TMPDIR, HOME (Keras, matplotlib) and hypothesis's folder are inside it, set up
+before anything is imported, so no call writes anywhere else; and under resource limits that
+children inherit (RLIMIT_NPROC: 256 tasks more than the user runs now, RLIMIT_AS:
+``--memory-gib``, RLIMIT_FSIZE: ``--file-mib``; root ignores RLIMIT_NPROC). Only facade names
+(``helpers.X``) are used, so the same run works against an old checkout: ``--repo`` puts that
+checkout's ``helpers`` first on ``sys.path``. It is a test tool: it lives in ``tests/fuzz/``.
 
     python tests/fuzz/fuzz_api.py --repo /path/to/checkout --examples 12 --out results.json
     python tests/fuzz/fuzz_api.py --repo . --before before.json --out after.json
