@@ -2725,8 +2725,8 @@ def parse_args(argv=None):
                              "default 12: about 4,000 inputs in 4-7 minutes on 2 busy cores")
     parser.add_argument("--out", help="write the results (every call) as JSON here")
     parser.add_argument("--only", default="",
-                        help="comma-separated public names to fuzz (default: all); the cases "
-                             "run only for these names")
+                        help="comma-separated public names to fuzz (default: all; 'cli' for "
+                             "the command-line programs); the cases run only for these names")
     parser.add_argument("--no-cases", action="store_true", help="skip the 11 issue cases")
     parser.add_argument("--before", help="a results JSON of an earlier run to compare with")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
