@@ -8,14 +8,24 @@ the epoch and step, and any small ``extra`` values (e.g. running loss sums).
 Files are written atomically (a temporary file, then a rename), so a job killed while
 saving leaves the previous checkpoint intact, and read with ``torch.load(...,
 weights_only=True)``, the safe default since PyTorch 2.6: a checkpoint holds tensors,
-numbers, strings and containers of them, never pickled code. Imports torch.
+numbers, strings and containers of them, never pickled code. Each temporary name is unique
+to its writer (host, process, thread), the temporary files a killed save left are removed by
+the next save to the same path, and only a regular file or a new path is ever replaced (never
+a symlink, FIFO or device node). A sha256 of the contents is stored and checked on load, so
+one changed byte is a ValueError (files saved before the checksum was stored load as before).
+A refused load changes nothing: every part is checked before any is applied. Imports torch.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import pickle
 import random
+import socket
+import stat
+import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,29 +66,50 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> list[str]:
-    """Restore what :func:`rng_state` returned; returns the generators restored."""
+    """Restore what :func:`rng_state` returned; returns the generators restored.
+
+    All or nothing: a state with any bad part (a wrong-size torch state, a broken NumPy or
+    CUDA part) is a ValueError and leaves every generator as it was.
+    """
     if not isinstance(state, dict) or not {"python", "numpy", "torch"} <= set(state):
         raise ValueError("state must be a dict from rng_state() with keys python, numpy, "
                          f"torch (and cuda); got {type(state).__name__}")
+    before = rng_state()
     try:
         version, internal, gauss = state["python"]
         n = state["numpy"]
         numpy_state = (n["kind"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"],
                        n["has_gauss"], n["gauss"])
         torch_state = state["torch"].cpu()
+        cuda = state.get("cuda", [])
+        if not isinstance(cuda, (list, tuple)) or \
+                not all(isinstance(c, torch.Tensor) for c in cuda):
+            raise TypeError("its cuda part is not a list of tensors")
+        cuda = [c.cpu() for c in cuda]
         random.setstate((version, tuple(internal), gauss))
         np.random.set_state(numpy_state)
         torch.set_rng_state(torch_state)
-    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+        restored = ["python", "numpy", "torch"]
+        if cuda and torch.cuda.is_available():
+            for i, s in enumerate(cuda[: torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(s, i)
+            restored.append("cuda")
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError, IndexError) as exc:
+        _put_back(before)
         raise ValueError(f"state is not what rng_state() returned ({type(exc).__name__}: "
-                         f"{str(exc)[:200]})") from None
-    restored = ["python", "numpy", "torch"]
-    cuda = list(state.get("cuda", []))
-    if cuda and torch.cuda.is_available():
-        for i, s in enumerate(cuda[: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(s.cpu(), i)
-        restored.append("cuda")
+                         f"{str(exc)[:200]}); no generator was changed") from None
     return restored
+
+
+def _put_back(before: dict) -> None:
+    """Restore a state that :func:`rng_state` just returned (known good)."""
+    random.setstate(before["python"])
+    n = before["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(before["torch"])
+    for i, s in enumerate(before["cuda"]):
+        torch.cuda.set_rng_state(s, i)
 
 
 _DEEPEST = 100  # nesting levels allowed in ``extra`` (pickle itself fails near 1,000)
@@ -136,16 +167,150 @@ def _check_parts(optimizer, scaler) -> None:
         raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
 
 
+def _real_weights(plain: nn.Module) -> dict:
+    """``plain.state_dict()``, refused (ValueError naming ``model``) when a tensor holds no
+    data: a meta-device or fake-tensor model would save a file no real model can load."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    weights = plain.state_dict()
+    for name, t in weights.items():
+        if isinstance(t, torch.Tensor) and (t.is_meta or isinstance(t, FakeTensor)):
+            kind = "on the meta device" if t.is_meta else f"a {type(t).__name__}"
+            raise ValueError(f"model's {name!r} is {kind}: it holds no data to save; "
+                             "save a model whose weights are real tensors (e.g. after "
+                             "model.to_empty(device=...) and loading its weights)")
+    return weights
+
+
+def _writable(path: Path, what: str = "path") -> None:
+    """Refuse to replace anything but a regular file: a device node, FIFO, socket or
+    symlink at ``path`` would be replaced by the rename (as root, /dev/null too)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):  # a new path (its folder is made later)
+        return
+    if stat.S_ISDIR(mode):
+        raise ValueError(f"{what} {path} is a folder; give the checkpoint's file name")
+    if not stat.S_ISREG(mode):
+        kind = ("a symbolic link" if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a device node" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise ValueError(f"{what} {path} is {kind}: a checkpoint is written only to a "
+                         "regular file or a new path (saving replaces what is there)")
+
+
+_NAME_MAX = 255  # bytes in one file name (ext4, XFS, APFS, NTFS)
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+
+
+def _temp_prefix(path: Path) -> str:
+    """``.NAME.HASH.`` where NAME is the file's name cut short enough that a temp name fits
+    in NAME_MAX (a legal 250-character name stays legal) and HASH tells apart long names
+    that share their start."""
+    name = path.name
+    tag = hashlib.sha256(os.fsencode(name)).hexdigest()[:8]
+    while len(os.fsencode(name)) > _NAME_MAX - 64:
+        name = name[:-1]
+    return f".{name}.{tag}."
+
+
+def _temp_name(path: Path) -> Path:
+    """A temp name unique to this writer (host, process, thread, random) beside ``path``."""
+    name = (f"{_temp_prefix(path)}{_HOST}-{os.getpid()}-{threading.get_native_id()}-"
+            f"{os.urandom(4).hex()}.tmp")
+    return path.with_name(name)
+
+
+def _remove_stale_temps(path: Path) -> list[Path]:
+    """Delete temp files that a killed save to ``path`` on this host left behind (their
+    writer process no longer exists); returns what was removed."""
+    prefix = _temp_prefix(path)
+    removed = []
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return removed
+    legacy = f".{path.name}.tmp"  # the name earlier versions of the kit used: .NAME.tmpPID
+    for entry in entries:
+        if entry.name.startswith(legacy) and entry.name[len(legacy):].isdigit():
+            pid = int(entry.name[len(legacy):])
+        elif entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
+            parts = entry.name[len(prefix):-len(".tmp")].split("-")
+            if len(parts) != 4 or parts[0] != _HOST or not parts[1].isdigit():
+                continue  # another host's writer (a shared file system): it may be running
+            pid = int(parts[1])
+        else:
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # the writer is alive
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue
+        try:
+            if entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:
+            pass
+    return removed
+
+
+def _digest(value, h) -> None:
+    """Feed a checkpoint's contents into hash ``h`` in a fixed order, tensors as raw bytes."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.layout != torch.strided:
+            t = t.to_dense()
+        t = t.cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(value, dict):
+        h.update(f"D{len(value)}".encode())
+        for k, v in value.items():
+            _digest(k, h)
+            _digest(v, h)
+    elif isinstance(value, (list, tuple)):
+        h.update(f"{'L' if isinstance(value, list) else 'U'}{len(value)}".encode())
+        for v in value:
+            _digest(v, h)
+    else:
+        h.update(f"V{type(value).__name__}:{value!r};".encode())
+
+
+def _checksum(state: dict) -> str:
+    """sha256 of every part of ``state`` except the checksum itself."""
+    h = hashlib.sha256()
+    _digest({k: v for k, v in state.items() if k != "sha256"}, h)
+    return h.hexdigest()
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _write_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` from torch.save means the disk (or a quota/file-size limit) ran out."""
+    if isinstance(exc, OSError):
+        return exc.errno in _DISK_FULL
+    return isinstance(exc, RuntimeError) and any(
+        words in str(exc) for words in ("unexpected pos", "PytorchStreamWriter failed writing",
+                                        "No space left"))
+
+
 def save_checkpoint(path, *, model: nn.Module, optimizer=None, scaler=None, epoch: int,
                     step: int = 0, extra: dict | None = None) -> Path:
     """Write model, optimizer, GradScaler, RNG states, epoch and step to one file, atomically.
 
     The file is written under a temporary name and read back (``weights_only=True``) before
-    it replaces ``path``, so a save never leaves an unreadable checkpoint where a good one was.
+    it replaces ``path``, so a save never leaves an unreadable checkpoint where a good one was;
+    a full disk is an OSError (ENOSPC) that names the file and says the old one was kept.
 
     Args:
-        path: file to write (its folder is created). Under DDP call this on rank 0 only.
-        model: the model, wrapped in DDP/DataParallel or not: ``model.module`` is saved.
+        path: file to write (its folder is created): a regular file or a new path, never a
+            symlink, FIFO or device node. Under DDP call this on rank 0 only.
+        model: the model, wrapped in DDP/DataParallel or not: ``model.module`` is saved. A
+            model on the meta device or made of fake tensors is refused (it holds no data).
         optimizer: a ``torch.optim.Optimizer`` (or None).
         scaler: a ``torch.amp.GradScaler`` (or None).
         epoch: epochs completed (resume starts at this epoch).
@@ -159,6 +324,7 @@ def save_checkpoint(path, *, model: nn.Module, optimizer=None, scaler=None, epoc
     """
     path = _file(path)
     plain = unwrap(model)
+    weights = _real_weights(plain)
     _check_parts(optimizer, scaler)
     epoch = whole_number(epoch, "epoch")
     step = whole_number(step, "step")
@@ -171,19 +337,31 @@ def save_checkpoint(path, *, model: nn.Module, optimizer=None, scaler=None, epoc
         "format": FORMAT,
         "epoch": epoch,
         "step": step,
-        "model": plain.state_dict(),
+        "model": weights,
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
         "rng": rng_state(),
         "extra": extra,
     }
-    if path.is_dir():
-        raise ValueError(f"path {path} is a folder; give the checkpoint's file name")
+    _writable(path)
+    state["sha256"] = _checksum(state)  # load_checkpoint recomputes it: damage is detected
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    _remove_stale_temps(path)  # left by a save that was killed (kill -9, a node lost)
+    tmp = _temp_name(path)  # unique per writer: two threads never share one
     try:
-        torch.save(state, tmp)
+        try:
+            torch.save(state, tmp)
+        except (OSError, RuntimeError) as exc:
+            if not _write_failed(exc):
+                raise
+            kept = (f"the previous checkpoint at {path} was kept unchanged" if path.exists()
+                    else f"no file was written at {path}")
+            raise OSError(errno.ENOSPC, f"could not save the checkpoint {path}: the disk (or "
+                          f"a quota or file-size limit) ran out while writing it "
+                          f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]}); "
+                          f"{kept}. Free some space and save again") from None
         _load(tmp, "cpu", shown=path)  # it must read back before it replaces the old file
+        _writable(path)  # nothing else appeared there meanwhile
         os.replace(tmp, path)  # atomic: readers see the old file or the new one
     finally:
         tmp.unlink(missing_ok=True)
@@ -223,19 +401,27 @@ def _load(path: Path, map_location, shown: Path) -> dict:
                              "wrong type")
     if not all(isinstance(k, str) for k in state["model"]):
         raise ValueError(f"{shown} is damaged: its model weights are not a state_dict")
+    if "sha256" in state:  # files saved before checksums were stored have none
+        if not isinstance(state["sha256"], str) or state["sha256"] != _checksum(state):
+            raise ValueError(f"{shown} is damaged: its contents do not match the sha256 "
+                             "checksum stored when it was saved (a changed byte, e.g. a "
+                             "disk or copy error)")
     return state
 
 
 def read_checkpoint(path, map_location="cpu") -> dict:
     """Load a checkpoint written by :func:`save_checkpoint` as a dict (weights_only=True).
 
-    A missing file is a FileNotFoundError; an empty, cut-short, foreign or damaged file a
-    ValueError naming the file and what is wrong.
+    A missing file is a FileNotFoundError; an empty, cut-short, foreign or damaged file
+    (one whose contents no longer match their stored sha256) a ValueError naming the file and
+    what is wrong. The dict holds the parts only: the checksum, once verified, is left out.
     """
     path = _file(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    return _load(path, device_arg(map_location, "map_location"), shown=path)
+    state = _load(path, device_arg(map_location, "map_location"), shown=path)
+    state.pop("sha256", None)
+    return state
 
 
 @dataclass(repr=False)
@@ -273,17 +459,28 @@ def load_checkpoint(path, *, model: nn.Module, optimizer=None, scaler=None,
     _check_parts(optimizer, scaler)
     flag(restore_rng, "restore_rng")
     state = read_checkpoint(path, map_location=map_location)
-    restored = []
     weights = state["model"]
     if weights and all(k.startswith("module.") for k in weights):  # saved from a wrapper
         nn.modules.utils.consume_prefix_in_state_dict_if_present(weights, "module.")
     parts = {"model": (plain, weights), "optimizer": (optimizer, state["optimizer"]),
              "scaler": (scaler, state["scaler"])}
+    # check every part first: a refusal must leave the model, optimizer, scaler and RNGs
+    # as they were (torch's load_state_dict copies the layers that fit before it complains)
     for name, (obj, saved) in parts.items():
         if obj is None:
             continue
         if saved is None:
             raise ValueError(f"{path} holds no {name} state; load it without {name}=")
+        problem = _MISFITS[name](obj, saved)
+        if problem:
+            raise ValueError(f"{path} was saved from a different {name} than the {name}= "
+                             f"given ({problem[:400]}); nothing was changed")
+    if restore_rng:
+        _check_rng(state["rng"], path)
+    restored = []
+    for name, (obj, saved) in parts.items():
+        if obj is None:
+            continue
         try:
             obj.load_state_dict(saved)
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
@@ -294,3 +491,65 @@ def load_checkpoint(path, *, model: nn.Module, optimizer=None, scaler=None,
     if restore_rng:
         restored += [f"rng:{r}" for r in set_rng_state(state["rng"])]
     return CheckpointInfo(str(path), state["epoch"], state["step"], state["extra"], restored)
+
+
+def _model_misfit(model: nn.Module, saved: dict) -> str:
+    """What torch's strict load_state_dict would refuse, found without changing the model."""
+    current = model.state_dict()
+    missing = [k for k in current if k not in saved]
+    unexpected = [k for k in saved if k not in current]
+    if missing or unexpected:
+        return (f"Missing key(s) in state_dict: {', '.join(missing[:5]) or 'none'}; "
+                f"unexpected key(s): {', '.join(unexpected[:5]) or 'none'}")
+    for k, mine in current.items():
+        theirs = saved[k]
+        if isinstance(mine, torch.Tensor) != isinstance(theirs, torch.Tensor):
+            return f"{k} is {'not ' if isinstance(mine, torch.Tensor) else ''}a tensor"
+        if isinstance(mine, torch.Tensor) and theirs.shape != mine.shape:
+            return (f"size mismatch for {k}: copying a param with shape {tuple(theirs.shape)} "
+                    f"from checkpoint, the shape in current model is {tuple(mine.shape)}")
+    return ""
+
+
+def _optimizer_misfit(optimizer, saved: dict) -> str:
+    """What Optimizer.load_state_dict would refuse (its own checks, made first)."""
+    groups, theirs = optimizer.param_groups, saved.get("param_groups")
+    if not isinstance(saved.get("state"), dict) or not isinstance(theirs, list) or \
+            not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in theirs):
+        return "its optimizer state is not an Optimizer.state_dict()"
+    if len(groups) != len(theirs):
+        return (f"{len(theirs)} parameter group(s) saved, the optimizer has {len(groups)}")
+    sizes = [len(g["params"]) for g in groups], [len(g["params"]) for g in theirs]
+    if sizes[0] != sizes[1]:
+        return (f"parameter groups of sizes {sizes[1]} saved, the optimizer's are "
+                f"{sizes[0]}")
+    ids = {i for g in theirs for i in g["params"]}
+    if not set(saved["state"]) <= ids:
+        return "its optimizer state names parameters its groups do not hold"
+    return ""
+
+
+def _scaler_misfit(scaler, saved: dict) -> str:
+    """What GradScaler.load_state_dict would refuse."""
+    if not scaler.is_enabled():
+        return ""
+    if not saved:
+        return "the saved GradScaler was disabled; this one is enabled"
+    needed = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+    missing = [k for k in needed if k not in saved]
+    return f"the GradScaler state lacks {', '.join(missing)}" if missing else ""
+
+
+_MISFITS = {"model": _model_misfit, "optimizer": _optimizer_misfit, "scaler": _scaler_misfit}
+
+
+def _check_rng(state, path) -> None:
+    """Refuse a checkpoint whose RNG part :func:`set_rng_state` would refuse, before any
+    other part is applied (set_rng_state is tried, then the generators are put back)."""
+    before = rng_state()
+    try:
+        set_rng_state(state)
+    except ValueError as exc:
+        raise ValueError(f"{path} is damaged: its rng part: {exc}") from None
+    finally:
+        _put_back(before)

@@ -14,8 +14,8 @@ signal: each process sends itself SIGTERM after K steps of this run.
 The loop waits for the device only at those reads: the loss is summed on the device, and
 one all-reduce plus one copy to the host every --log-every steps give the mean loss and the
 stop flag (lessons 01 and 09: a host sync every step stalls the GPU's queue).
-Without torchrun it runs as one process. Used by lesson 03, make stress and
-scripts/slurm_ddp.sbatch.
+Without torchrun it runs as one process, which listens on the loopback interface only.
+Used by lesson 03, make stress and scripts/slurm_ddp.sbatch.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -34,53 +35,99 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 import helpers
-from helpers.checkpoint import load_checkpoint, save_checkpoint
+from helpers.checkpoint import _writable, load_checkpoint, save_checkpoint
 from helpers.core.fmt import fmt_seconds
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 _stop_signal: list[tuple[int, float]] = []  # (signal number, time.perf_counter() on arrival)
 
 
+# the largest value of each count: more would only exhaust memory (a batch of 1e10 samples
+# raised MemoryError); the bound is in the message
+BOUNDS = {"epochs": 100_000, "batch_size": 1_000_000, "samples": 10_000_000,
+          "features": 100_000, "hidden": 100_000, "depth": 1_000, "classes": 100_000,
+          "log_every": 10_000_000, "stop_after_steps": 10**9}
+MOST_VALUES = 2**28  # samples x features, and hidden x hidden x depth: 1 GiB of float32
+
+
+def count(name: str):
+    """An argparse type: a whole number; '1e10' or '2.5' is named with what is accepted."""
+    def parse(value: str) -> int:
+        try:
+            return int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number from 1 to {BOUNDS[name]:,}, got {value!r}") from None
+    return parse
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--epochs", type=int, default=2, help="epochs to train in total")
-    p.add_argument("--batch-size", type=int, default=32, help="batch size PER PROCESS")
+    p.add_argument("--epochs", type=count("epochs"), default=2, help="epochs to train in total")
+    p.add_argument("--batch-size", type=count("batch_size"), default=32,
+                   help="batch size PER PROCESS")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
-    p.add_argument("--samples", type=int, default=1024, help="synthetic training samples")
-    p.add_argument("--features", type=int, default=32)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--depth", type=int, default=2)
-    p.add_argument("--classes", type=int, default=4)
+    p.add_argument("--samples", type=count("samples"), default=1024,
+                   help="synthetic training samples")
+    p.add_argument("--features", type=count("features"), default=32)
+    p.add_argument("--hidden", type=count("hidden"), default=128)
+    p.add_argument("--depth", type=count("depth"), default=2)
+    p.add_argument("--classes", type=count("classes"), default=4)
     p.add_argument("--noise", type=float, default=6.0, help="spread of the synthetic classes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", type=Path, default=None,
-                   help="save every epoch and on SIGTERM/SIGUSR1; resume from it if it exists")
-    p.add_argument("--stop-after-steps", type=int, default=None, metavar="K",
+                   help="save every epoch and on SIGTERM/SIGUSR1; resume from it if it exists "
+                        "(a regular file or a new path)")
+    p.add_argument("--stop-after-steps", type=count("stop_after_steps"), default=None,
+                   metavar="K",
                    help="simulate a time limit: every process gets SIGTERM after K steps")
     p.add_argument("--save-grads", type=Path, default=None,
                    help="rank 0 saves the averaged gradients of the first step here")
     p.add_argument("--summary", type=Path, default=None, help="rank 0 writes a JSON summary here")
-    p.add_argument("--log-every", type=int, default=10, metavar="N",
+    p.add_argument("--log-every", type=count("log_every"), default=10, metavar="N",
                    help="read the loss and check for a stop signal every N steps (and at the "
                         "end of each epoch); only these reads wait for the device")
     p.add_argument("--amp", choices=["auto", "on", "off"], default="auto",
                    help="float16 autocast + GradScaler; auto = on for CUDA, off on CPU")
     args = p.parse_args(argv)
-    for name in ("epochs", "batch_size", "samples", "features", "hidden", "depth", "classes",
-                 "log_every"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be positive")
-    if args.stop_after_steps is not None and (args.stop_after_steps <= 0 or not args.checkpoint):
+    for name, bound in BOUNDS.items():
+        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
+        if value is not None and value <= 0:
+            p.error(f"{flag} must be positive")
+        if value is not None and value > bound:
+            p.error(f"{flag} {value:,} is more than {bound:,}, the most this script accepts "
+                    "(more does not fit in memory)")
+    if args.batch_size > args.samples:
+        p.error(f"--batch-size {args.batch_size} is more than --samples {args.samples}: "
+                "not one full batch")
+    if args.samples * args.features > MOST_VALUES:
+        p.error(f"--samples x --features is {args.samples * args.features:,} values; at most "
+                f"{MOST_VALUES:,} (1 GiB of float32)")
+    if args.hidden * args.hidden * args.depth > MOST_VALUES:
+        p.error(f"--hidden x --hidden x --depth is {args.hidden**2 * args.depth:,} weights; at "
+                f"most {MOST_VALUES:,} (1 GiB of float32)")
+    if args.stop_after_steps is not None and not args.checkpoint:
         p.error("--stop-after-steps needs a positive K and --checkpoint (where to save)")
+    if args.checkpoint is not None:
+        try:
+            _writable(args.checkpoint, "--checkpoint")
+        except ValueError as exc:
+            p.error(str(exc))
     return args
 
 
 def setup_distributed():
     """Join the process group torchrun describes (or a group of one without torchrun)."""
-    if "RANK" not in os.environ:  # plain `python ddp_train.py`: a group of one
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(helpers.launch.free_port()))
+    alone = "RANK" not in os.environ  # plain `python ddp_train.py`: a group of one
+    if alone:
+        # nothing to reach from outside: keep the rendezvous in the process (no TCPStore
+        # listening on every interface) and gloo's socket on the loopback interface
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        loopback = [n for _, n in socket.if_nameindex() if n in ("lo", "lo0")]
+        if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
+            os.environ["GLOO_SOCKET_IFNAME"] = loopback[0]
+    group = {"store": dist.HashStore(), "rank": 0, "world_size": 1} if alone else {}
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
         n_gpus = torch.cuda.device_count()
@@ -91,10 +138,10 @@ def setup_distributed():
                      f'gloo with CUDA_VISIBLE_DEVICES=""')
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, **group)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", **group)
     return dist.get_rank(), dist.get_world_size(), device
 
 
@@ -131,6 +178,33 @@ def log(rank: int, *parts):
         print(*parts, flush=True)
 
 
+def resume(args, ddp, optimizer, scaler, device, rank, steps_per_epoch):
+    """(epoch, steps done in it, running loss sums) from --checkpoint, or a fresh start."""
+    fresh = {"loss_sum": 0.0, "steps": 0}
+    if args.checkpoint is None or not args.checkpoint.is_file():
+        return 0, 0, fresh
+    try:
+        info = load_checkpoint(args.checkpoint, model=ddp, optimizer=optimizer, scaler=scaler,
+                               map_location=device)
+    except ValueError as exc:  # another model's, damaged, not a kit checkpoint: nothing loaded
+        sys.exit(f"ddp_train.py: error: cannot resume from --checkpoint: {exc}. Give another "
+                 "--checkpoint path to start afresh")
+    saved = info.extra.get("totals")  # absent in a kit checkpoint another script saved
+    if isinstance(saved, dict) and {"loss_sum", "steps"} <= set(saved):
+        totals = {"loss_sum": float(saved["loss_sum"]), "steps": int(saved["steps"])}
+    else:
+        totals = fresh
+        if info.step:
+            log(rank, f"{args.checkpoint} holds no running loss (extra['totals']): epoch "
+                      f"{info.epoch + 1}'s mean loss counts only the steps from here")
+    if info.epoch >= args.epochs:
+        log(rank, f"{args.checkpoint} has finished all {args.epochs} epochs: nothing to do")
+    else:
+        log(rank, f"resumed from {args.checkpoint}: epoch {info.epoch + 1}, "
+                  f"{info.step} of {steps_per_epoch} steps already done")
+    return info.epoch, info.step, totals
+
+
 def main(argv=None):
     args = parse_args(argv)
     rank, world, device = setup_distributed()
@@ -156,21 +230,19 @@ def main(argv=None):
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True,
                         pin_memory=pinned)
     steps_per_epoch = len(loader)
+    if steps_per_epoch == 0:  # every process needs one full batch (drop_last)
+        if rank == 0:
+            print(f"ddp_train.py: error: --batch-size {args.batch_size} x {world} processes is "
+                  f"more than the {len(dataset)} samples: not one full batch per process",
+                  file=sys.stderr, flush=True)
+        shutdown(2)
     log(rank, f"world size {world} on {device.type} ({dist.get_backend()}): "
               f"{args.batch_size} samples per process per step, global batch "
               f"{args.batch_size * world}; {steps_per_epoch} steps per epoch, "
               f"{len(sampler)} of {len(dataset)} samples per process per epoch")
 
-    start_epoch, skip, totals = 0, 0, {"loss_sum": 0.0, "steps": 0}
-    if args.checkpoint is not None and args.checkpoint.is_file():
-        info = load_checkpoint(args.checkpoint, model=ddp, optimizer=optimizer, scaler=scaler,
-                               map_location=device)
-        start_epoch, skip, totals = info.epoch, info.step, dict(info.extra["totals"])
-        if start_epoch >= args.epochs:
-            log(rank, f"{args.checkpoint} has finished all {args.epochs} epochs: nothing to do")
-        else:
-            log(rank, f"resumed from {args.checkpoint}: epoch {start_epoch + 1}, "
-                      f"{skip} of {steps_per_epoch} steps already done")
+    start_epoch, skip, totals = resume(args, ddp, optimizer, scaler, device, rank,
+                                       steps_per_epoch)
 
     def checkpoint(epoch, step):
         if rank == 0 and args.checkpoint is not None:
@@ -226,8 +298,9 @@ def main(argv=None):
         if stopped_by:
             break
         skip = 0
-        losses.append(totals["loss_sum"] / totals["steps"])
-        log(rank, f"epoch {epoch + 1}/{args.epochs}: mean loss {losses[-1]:.4f}")
+        if totals["steps"]:  # none when a checkpoint without totals was saved at the end
+            losses.append(totals["loss_sum"] / totals["steps"])
+            log(rank, f"epoch {epoch + 1}/{args.epochs}: mean loss {losses[-1]:.4f}")
         totals = {"loss_sum": 0.0, "steps": 0}
         checkpoint(epoch + 1, 0)
         if args.checkpoint is not None:
