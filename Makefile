@@ -12,7 +12,7 @@
 #                               kernel-tf reads dir-tf, or WHEELHOUSE_TF=dir)
 # More: make refresh LESSON=03, release, release-solutions, kernel, kernel-tf GPU=1 (TensorFlow
 #       on the GPU, own environment), wheelhouse, outputs NB=03, minutes [NB=03],
-#       gpu-check [PART= DRY_RUN=1]
+#       gpu-check [PART= DRY_RUN=1], fuzz [EXAMPLES=12 OUT=fuzz.json]
 # Setup re-runs only when requirements*.txt or pyproject.toml change.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -45,7 +45,7 @@ WORKERS ?= 2
 
 .PHONY: help setup lab refresh test test-unit test-notebooks test-browser lessons outputs \
         check-lessons minutes lint bench stress browser clean release release-solutions kernel \
-        wheelhouse gpu-check kernel-tf
+        wheelhouse gpu-check kernel-tf fuzz
 
 help:  # the comment block at the top of this file, up to the first blank line
 	@awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' Makefile
@@ -244,6 +244,13 @@ RUNS ?= 30
 stress: setup
 	$(PY) scripts/stress_ddp.py --runs $(RUNS)
 	$(PY) scripts/stress_ddp.py --runs $(RUNS) --script exercise
+
+# fuzz the public API, the planner and the command-line programs in a sandbox folder with
+# resource limits (tests/fuzz/fuzz_api.py; not part of `make test`)
+EXAMPLES ?= 12
+OUT ?= fuzz.json
+fuzz: setup
+	$(PY) tests/fuzz/fuzz_api.py --repo . --examples $(EXAMPLES) --out $(OUT)
 
 bench: setup
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b; done

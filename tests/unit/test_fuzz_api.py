@@ -1,10 +1,12 @@
-"""scripts/fuzz_api.py: the harness runs, and classifies known-good and known-bad calls as the
+"""tests/fuzz/fuzz_api.py: the harness runs, and classifies known-good and known-bad calls as the
 fuzz review does (fakes only: no torch, no real helpers call)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
+import os
 import subprocess
 import sys
 import threading
@@ -16,13 +18,14 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
+FUZZ_API = ROOT / "tests" / "fuzz" / "fuzz_api.py"
 
 
 @pytest.fixture(scope="module")
 def fuzz():
     spec = importlib.util.spec_from_file_location("fuzz_api_under_test",
-                                                  ROOT / "scripts" / "fuzz_api.py")
+                                                  FUZZ_API)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -30,10 +33,10 @@ def fuzz():
 
 
 @pytest.fixture
-def fuzzer(fuzz, monkeypatch):
+def fuzzer(fuzz, monkeypatch, tmp_path):
     monkeypatch.setattr(threading, "excepthook", threading.excepthook)  # restored afterwards
     fake = SimpleNamespace(_EXPORTS={"good": "core.fmt", "bad": "watch.gauge"})
-    return fuzz.Fuzzer(fake, examples=1)
+    return fuzz.Fuzzer(fake, examples=1, sandbox=tmp_path, repo=tmp_path)
 
 
 def test_classify_follows_the_review_rules(fuzz):
@@ -130,13 +133,22 @@ def test_harness_runs_end_to_end_on_a_fake_package(tmp_path):
     (package / "__init__.py").write_text(FAKE_INIT)
     (package / "fmt.py").write_text(FAKE_FMT)
     out = tmp_path / "results.json"
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "fuzz_api.py"), "--repo", str(package.parent),
+        [sys.executable, str(FUZZ_API), "--repo", str(package.parent),
          "--only", "fmt_bytes,parse_capacity", "--examples", "2", "--out", str(out),
-         "--quiet"], capture_output=True, text=True, timeout=120)
+         "--quiet", "--sandbox", str(sandbox)], capture_output=True, text=True, timeout=120,
+        cwd=ROOT)  # only read there (hypothesis's Unicode tables, if cached)
     assert proc.returncode == 0, proc.stderr
     assert "inputs tried" in proc.stdout and "numbered fuzz cases" in proc.stdout
     result = json.loads(out.read_text())
+    # it ran in the given sandbox under limits on processes, memory and file size
+    assert result["sandbox"] == str(sandbox.resolve())
+    assert set(result["limits"]) == {"RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_FSIZE"}
+    assert all(isinstance(v, int) and v > 0 for v in result["limits"].values())
+    assert (sandbox / "special" / "fifo").is_fifo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["repo", "results.json", "sandbox"]
     targets = result["summary"]["by_target"]
     assert targets["fmt_bytes"]["failures"] == 0 and targets["fmt_bytes(digits=)"]["failures"] == 0
     bad = targets["parse_capacity"]["by_kind"]
@@ -163,3 +175,129 @@ def test_table_compares_before_and_after(fuzz):
     assert "before" in text and "after" in text
     assert any(line.strip().startswith("11.") and "FAIL -> PASS" in line
                for line in text.splitlines())
+
+
+# ---------------------------------------------------------------- issue 33: the new parts
+def test_harness_is_a_test_tool_not_a_learner_script():
+    assert FUZZ_API.is_file() and not (ROOT / "scripts" / "fuzz_api.py").exists()
+
+
+def test_value_table_has_the_issue_values(fuzz):
+    import numpy as np
+
+    edges = fuzz.edge_values(np)
+    ints = [v for v in edges if type(v) is int]
+    assert 2**31 in ints and 2**63 in ints
+    floats = [v for v in edges if type(v) is float]
+    assert any(math.isnan(v) for v in floats) and math.inf in floats
+    kinds = {type(v).__name__ for v in edges}
+    assert {"float64", "float32", "int32", "int64", "uint64"} <= kinds
+
+
+def test_special_paths_stay_in_the_sandbox_and_are_never_devices(fuzz, tmp_path):
+    made = fuzz.special_paths(tmp_path / "special")
+    assert made["fifo"].is_fifo() and made["device_like"].is_fifo()
+    assert made["link_to_fifo"].is_symlink() and made["link_to_fifo"].resolve().is_fifo()
+    assert made["dangling_link"].is_symlink() and not made["dangling_link"].exists()
+    assert len(made["long_name_250"].name) == 250 and len(made["long_name_256"].name) == 256
+    assert all(fuzz.inside(p, tmp_path) for p in made.values())
+    assert fuzz.file_kind(made["fifo"]) == "fifo"
+    assert fuzz.file_kind(made["link_to_fifo"]) == "link"
+    # made afresh: a replaced FIFO comes back as a FIFO
+    made["fifo"].unlink()
+    made["fifo"].write_text("replaced")
+    assert fuzz.special_paths(tmp_path / "special")["fifo"].is_fifo()
+
+
+def test_guard_refuses_devices_and_paths_outside(fuzz, tmp_path, monkeypatch):
+    inner = tmp_path / "x.pt"
+    assert fuzz.guard_path(inner, tmp_path) == inner
+    outside = tmp_path.parent / "elsewhere.pt"
+    with pytest.raises(RuntimeError, match="outside"):
+        fuzz.guard_path(outside, tmp_path)
+    link = tmp_path / "out_link"
+    os.symlink(outside, link)  # a link inside that points outside
+    with pytest.raises(RuntimeError):
+        fuzz.guard_path(link, tmp_path)
+    # a character device (mocked: no real device node is touched)
+    fifo = tmp_path / "char"
+    os.mkfifo(fifo)
+    assert not fuzz.is_device(fifo)
+    monkeypatch.setattr(fuzz.stat, "S_ISCHR", lambda mode: True)
+    assert fuzz.is_device(fifo)
+    with pytest.raises(RuntimeError, match="device"):
+        fuzz.guard_path(fifo, tmp_path)
+
+
+def test_limits_are_bounded_and_only_lowered(fuzz, tmp_path):
+    import resource
+
+    limits = fuzz.sandbox_limits(100, memory_gib=2, file_mib=8)
+    assert limits == {resource.RLIMIT_NPROC: 356, resource.RLIMIT_AS: 2 * 2**30,
+                      resource.RLIMIT_FSIZE: 8 * 2**20}
+    assert fuzz.user_tasks() >= 1
+    # applied in a child (never in the test process): the child cannot write past 1 MiB
+    code = (f"import importlib.util, resource, sys; "
+            f"spec = importlib.util.spec_from_file_location('f', {str(FUZZ_API)!r}); "
+            f"m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+            f"got = m.apply_limits({{resource.RLIMIT_FSIZE: 2**20}}); "
+            f"assert got[resource.RLIMIT_FSIZE] == 2**20, got\n"
+            f"try:\n open('big', 'wb').write(b'x' * 2**21)\n"
+            f"except OSError as e:\n print('refused', e.errno)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "refused" in proc.stdout and (tmp_path / "big").stat().st_size <= 2**20
+
+
+def test_state_check_flags_a_refusal_that_changed_something(fuzz, fuzzer, tmp_path):
+    import random
+
+    assert fuzzer.sandbox == tmp_path.resolve()
+    fuzzer.warmed.add("bad")
+
+    def refuses_after_reseeding():
+        random.seed(12345)
+        raise ValueError("count must be positive")
+
+    def refuses_after_writing():
+        (tmp_path / "half.tmp").write_text("x")
+        raise ValueError("count must be positive")
+
+    def refuses_cleanly():
+        raise ValueError("count must be positive")
+
+    state = random.getstate()
+    try:
+        kind, _ = fuzzer.call("bad", "bad", "rng", refuses_after_reseeding, names=("count",))
+        assert kind == "side-effect" and "python RNG" in fuzzer.records[-1]["detail"]
+        kind, _ = fuzzer.call("bad", "bad", "file", refuses_after_writing, names=("count",))
+        assert kind == "side-effect" and "half.tmp" in fuzzer.records[-1]["detail"]
+        assert fuzzer.call("bad", "bad", "clean", refuses_cleanly,
+                           names=("count",))[0] == "rejected"
+    finally:
+        random.setstate(state)
+    before = fuzz.state_snapshot(tmp_path)
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, daemon=True)
+    t.start()
+    try:
+        assert any(c.startswith("threads") for c in
+                   fuzz.state_changes(before, fuzz.state_snapshot(tmp_path)))
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_command_line_verdicts(fuzz):
+    assert fuzz.cli_verdict(2, "usage: x\nx: error: --steps must be >= 1\n", False)[0] == (
+        "rejected")
+    tb = "Traceback (most recent call last):\n  File ...\nMemoryError: cannot allocate\n"
+    assert fuzz.cli_verdict(1, tb, False) == ("escape:MemoryError", "MemoryError: cannot allocate")
+    assert fuzz.cli_verdict(1, "Traceback (most recent call last):\n[rank0]: KeyError: 'totals'\n",
+                            None)[0] == "escape:KeyError"
+    assert fuzz.cli_verdict(0, "", False)[0] == "silent"
+    assert fuzz.cli_verdict(0, "", True)[0] == "accepted"
+    assert fuzz.cli_verdict(None, "", False)[0] == "hang"
+    assert fuzz.cli_verdict(-6, "", False)[0] == "escape:signal 6"
+    assert fuzz.cli_verdict(1, "error: no\n", False)[0] == "unclear"

@@ -3,10 +3,17 @@
 
 Every exported name (``helpers._EXPORTS``: functions, constructors and the methods that matter,
 such as ``LivePlot.step``/``summary``, ``VirtualGPU.track``, checkpoint round trips, gauge
-pollers) gets a fixed list of edge values (NaN, +-inf, 5e-324, 1e308, +-10**400, 2**63, bools,
-NumPy scalars, Fraction, Decimal, bytes, complex, full-width digits, a 100 k-character string,
-lists, dicts, objects, a self-referencing list) and ``--examples`` hypothesis draws per
-parameter, plus the state scenarios of the review. Each call is classified:
+pollers) gets a fixed list of edge values (NaN, +-inf, 5e-324, 1e308, +-10**400, 2**31, 2**63,
+bools, NumPy scalars (float64 NaN, float32 inf, int32, uint64 2**63...), Fraction, Decimal,
+bytes, complex, full-width digits, a 100 k-character string, lists, dicts, objects, a
+self-referencing list) and ``--examples`` hypothesis draws per parameter, plus the state
+scenarios of the review. Paths get odd files made in the sandbox: a FIFO, a link to it, a
+"device node" stand-in (a FIFO at ``dev/null``: never a real device, and every path is checked
+with ``os.stat`` before use), a dangling link, a link to a regular file and 250/256-character
+names. Also fuzzed: the planner (``will_it_fit``, ``Plan.slurm``), the Keras helpers,
+``SimulatedCuda`` and ``FakeNvml`` entered and used, and the command-line programs
+(``python -m helpers.fit``, ``scripts/ddp_train.py``) with bad arguments, which must exit 2
+with a message and no traceback. Each call is classified:
 
 * passed: ``accepted`` (returned for an input that is not clearly bad), ``rejected`` (a
   ValueError/TypeError whose message names the argument) or ``documented`` (an error the
@@ -16,8 +23,12 @@ parameter, plus the state scenarios of the review. Each call is classified:
 * hard failures: ``escape:<Exception>`` (anything else escaped, also from a polling thread),
   ``hang`` (no result within the per-call alarm), ``leak`` (memory above the baseline after a
   caught out-of-memory error, or a child process left running), ``corrupt`` (a good checkpoint
-  replaced by one that cannot be loaded), ``threads`` (more than one polling thread of a kind);
-* soft failures: ``side-effect`` (a rejected call changed state or printed a traceback),
+  replaced by one that cannot be loaded), ``threads`` (more than one polling thread of a kind),
+  ``replaced`` (a FIFO, link or device stand-in replaced by a regular file);
+* soft failures: ``side-effect`` (a rejected call changed state: the Python/NumPy/torch
+  generators, torch's default dtype/device, grad mode, threads, determinism, signal handlers,
+  sys.stdout/stderr, live threads, child processes or the files in the sandbox; or it printed
+  a traceback),
   ``silent`` (a clearly bad input was accepted), ``unclear`` (a ValueError/TypeError whose
   message does not name the argument).
 
@@ -25,12 +36,17 @@ The eleven numbered fuzz cases (bad input and lost data) are scenarios made of s
 calls; a case passes when all of its calls pass.
 
 Everything runs in this one process (at low priority, one torch thread), except the psutil-
-missing check of case 11, which needs a fresh interpreter. Only facade names (``helpers.X``)
-are used, so the same run works against an old checkout: ``--repo`` puts that checkout's
-``helpers`` first on ``sys.path``.
+missing check of case 11 and the command-line programs, which need fresh interpreters. It all
+runs in a sandbox folder (``--sandbox``, default a new temporary folder removed at the end):
+working folder, TMPDIR, HOME (Keras, matplotlib) and hypothesis's folder are inside it, set up
+before anything is imported, so no call writes anywhere else; and under resource limits that
+children inherit (RLIMIT_NPROC: 256 tasks more than the user runs now, RLIMIT_AS:
+``--memory-gib``, RLIMIT_FSIZE: ``--file-mib``; root ignores RLIMIT_NPROC). Only facade names
+(``helpers.X``) are used, so the same run works against an old checkout: ``--repo`` puts that
+checkout's ``helpers`` first on ``sys.path``. It is a test tool: it lives in ``tests/fuzz/``.
 
-    python scripts/fuzz_api.py --repo /path/to/checkout --examples 12 --out results.json
-    python scripts/fuzz_api.py --repo . --before before.json --out after.json
+    python tests/fuzz/fuzz_api.py --repo /path/to/checkout --examples 12 --out results.json
+    python tests/fuzz/fuzz_api.py --repo . --before before.json --out after.json
 """
 
 from __future__ import annotations
@@ -45,8 +61,10 @@ import numbers
 import os
 import pickle
 import random
+import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -58,7 +76,7 @@ from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
-HARD = ("hang", "leak", "corrupt", "threads")  # and every "escape:<Exception>"
+HARD = ("hang", "leak", "corrupt", "threads", "replaced")  # and every "escape:<Exception>"
 SOFT = ("side-effect", "silent", "unclear")
 PASSED = ("accepted", "rejected", "documented")
 LARGEST = 2**62  # the largest count helpers accept (helpers/core/checks.py)
@@ -200,6 +218,250 @@ def owner_of(module: str) -> str:
     return "lead"
 
 
+# ------------------------------------------------------------------- sandbox and limits
+def user_tasks() -> int:
+    """Processes and threads this user runs now (what RLIMIT_NPROC counts on Linux)."""
+    uid, total = os.getuid(), 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/status") as f:
+                    status = dict(line.split(":", 1) for line in f if ":" in line)
+                if int(status["Uid"].split()[0]) == uid:
+                    total += int(status.get("Threads", "1").strip() or 1)
+            except (OSError, KeyError, ValueError):
+                continue
+    return total
+
+
+def sandbox_limits(tasks_now: int, *, memory_gib: float = 12, file_mib: int = 512,
+                   spare_tasks: int = 256) -> dict:
+    """The limits the harness runs under: at most ``spare_tasks`` processes/threads more than
+    the user runs now (a fork bomb stops there), ``memory_gib`` of address space (a huge
+    allocation fails fast) and files of at most ``file_mib`` (a runaway writer stops)."""
+    import resource
+
+    return {resource.RLIMIT_NPROC: tasks_now + spare_tasks,
+            resource.RLIMIT_AS: int(memory_gib * 2**30),
+            resource.RLIMIT_FSIZE: int(file_mib) * 2**20}
+
+
+def apply_limits(limits: dict) -> dict:
+    """Lower this process's soft limits (children inherit them); never raise one. Returns
+    the limits now in force. SIGXFSZ is ignored, so a write past the file-size limit is an
+    OSError (EFBIG) in the fuzzed call instead of the death of the harness."""
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    applied = {}
+    for which, want in limits.items():
+        soft, hard = resource.getrlimit(which)
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        if soft != resource.RLIM_INFINITY:
+            new = min(new, soft)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(which, (new, hard))
+        applied[which] = resource.getrlimit(which)[0]
+    return applied
+
+
+def is_device(path) -> bool:
+    """True if ``path`` (followed through links) is a character or block device."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError, TypeError):
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+
+
+def inside(path, folder) -> bool:
+    """True if ``path`` and, for a link, what it points to stay inside ``folder``."""
+    try:
+        folder = Path(folder).resolve()
+        p = Path(os.fsdecode(path)) if not isinstance(path, Path) else path
+        p = p if p.is_absolute() else Path.cwd() / p
+        return (Path(os.path.abspath(p)).is_relative_to(folder)
+                and p.resolve().is_relative_to(folder))
+    except (OSError, ValueError, TypeError, RuntimeError):
+        return False
+
+
+def guard_path(path, folder):
+    """The harness's own check before it hands a path to a fuzzed call: never a device node
+    and never a place outside its sandbox ``folder``."""
+    if is_device(path) or not inside(path, folder):
+        raise RuntimeError(f"harness refuses to pass {path!r}: a device or outside {folder}")
+    return path
+
+
+def special_paths(folder: Path) -> dict[str, Path]:
+    """Odd files made inside ``folder``: a FIFO (what a device node does to a writer: not a
+    regular file, opening it blocks), a link to it (the shape of ``/dev/stdout``), a
+    "device node" stand-in (a FIFO at ``dev/null``), a dangling link, a link to a regular
+    file, a 250-character name (legal) and a 256-character one. Made afresh on every call
+    (a call that replaced one of them does not hide the next call's result)."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    made = {}
+    fifo = folder / "fifo"
+    os.mkfifo(fifo)
+    made["fifo"] = fifo
+    made["link_to_fifo"] = folder / "link_to_fifo"
+    dev = folder / "dev"
+    dev.mkdir()
+    os.mkfifo(dev / "null")
+    made["device_like"] = dev / "null"
+    made["dangling_link"] = folder / "dangling_link"
+    regular = folder / "regular.pt"
+    regular.write_bytes(b"keep me")
+    made["link_to_regular"] = folder / "link_to_regular"
+    for name, target in (("link_to_fifo", fifo), ("dangling_link", folder / "gone"),
+                         ("link_to_regular", regular)):
+        os.symlink(target, made[name])
+    made["long_name_250"] = folder / ("n" * 247 + ".pt")
+    made["long_name_256"] = folder / ("n" * 253 + ".pt")
+    for path in made.values():
+        guard_path(path, folder)
+    return made
+
+
+def file_kind(path) -> str:
+    """What is at ``path`` without following a link: link, fifo, file, dir, device, none."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "none"
+    if stat.S_ISLNK(mode):
+        return "link"
+    if stat.S_ISFIFO(mode):
+        return "fifo"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    return "dir" if stat.S_ISDIR(mode) else "file"
+
+
+# ------------------------------------------------------------- state after a refusal
+_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGCHLD",
+                                              "SIGPIPE", "SIGUSR1", "SIGUSR2")
+                 if hasattr(signal, n))
+
+
+def _digest(data) -> int:
+    return zlib.crc32(pickle.dumps(data)) if not isinstance(data, bytes) else zlib.crc32(data)
+
+
+def state_snapshot(folder=None) -> dict:
+    """What a refused call must leave as it was: the three generators, torch's globals,
+    signal handlers, sys.stdout/stderr, live threads, child processes and the files under
+    ``folder``."""
+    snap = {"python RNG": _digest(random.getstate())}
+    np = sys.modules.get("numpy")
+    if np is not None:
+        snap["numpy RNG"] = _digest(np.random.get_state()[1].tobytes())
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_rng_state"):
+        with contextlib.suppress(Exception):
+            snap["torch RNG"] = _digest(torch.get_rng_state().numpy().tobytes())
+            snap["torch default dtype"] = str(torch.get_default_dtype())
+            if hasattr(torch, "get_default_device"):
+                snap["torch default device"] = str(torch.get_default_device())
+            snap["torch grad mode"] = torch.is_grad_enabled()
+            snap["torch threads"] = torch.get_num_threads()
+            snap["torch deterministic"] = torch.are_deterministic_algorithms_enabled()
+            snap["cudnn.benchmark"] = bool(torch.backends.cudnn.benchmark)
+            snap["float32 matmul precision"] = torch.get_float32_matmul_precision()
+    snap["signal handlers"] = tuple(repr(signal.getsignal(s)) for s in _SIGNALS)
+    snap["sys.stdout"] = id(sys.stdout)
+    snap["sys.stderr"] = id(sys.stderr)
+    snap["threads"] = frozenset(t.ident for t in threading.enumerate() if t.is_alive())
+    snap["child processes"] = frozenset(_children_pids())
+    if folder is not None:
+        files = []
+        for root, dirs, names in os.walk(folder):
+            for name in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+                p = os.path.join(root, name)
+                with contextlib.suppress(OSError):
+                    s = os.lstat(p)
+                    files.append((p, s.st_mode, s.st_size, s.st_mtime_ns))
+            if len(files) > 5000:
+                break
+        snap["files"] = frozenset(files)
+    return snap
+
+
+def _children_pids() -> list[int]:
+    """Live (not zombie) direct children; /proc is read directly (fast: one call each)."""
+    pid = os.getpid()
+    try:
+        pids = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                pids += [int(p) for p in f.read().split()]
+        live = []
+        for child in pids:
+            with contextlib.suppress(OSError), open(f"/proc/{child}/stat") as f:
+                if f.read().rsplit(")", 1)[-1].split()[0] != "Z":
+                    live.append(child)
+        return live
+    except (OSError, ValueError):
+        pass
+    try:
+        import psutil
+
+        return [c.pid for c in psutil.Process().children(recursive=True)
+                if c.status() != psutil.STATUS_ZOMBIE]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def state_changes(before: dict, after: dict) -> list[str]:
+    """The names of what differs; threads that end within a moment do not count."""
+    changed = []
+    for key, old in before.items():
+        new = after.get(key, old)
+        if key == "threads":
+            extra = [t for t in threading.enumerate() if t.ident in new - old]
+            for t in extra:
+                t.join(0.2)
+            if any(t.is_alive() for t in extra):
+                changed.append(f"threads (+{sum(t.is_alive() for t in extra)})")
+        elif key == "child processes":
+            if new - old and set(_children_pids()) - old:
+                changed.append(f"child processes (+{len(new - old)})")
+        elif key == "files":
+            if new != old:
+                paths = sorted({f[0] for f in new ^ old})
+                changed.append("files (" + ", ".join(os.path.basename(p)[:30]
+                                                     for p in paths[:3]) + ")")
+        elif new != old:
+            changed.append(key)
+    return changed
+
+
+def cli_verdict(returncode, stderr: str, valid) -> tuple[str, str]:
+    """A command-line program's bad arguments: exit 2 with a one-line message (argparse's
+    rule) passes; a traceback is an escape of its last exception; exit 0 on a clearly bad
+    argument is silent."""
+    text = stderr.strip()
+    last = text.splitlines()[-1] if text else ""
+    last = re.sub(r"^\[(?:rank|default)\d*\]:\s*", "", last)  # torchrun's per-rank prefix
+    if "Traceback (most recent call last)" in stderr:
+        name = last.split(":", 1)[0].strip().rsplit(".", 1)[-1] or "Traceback"
+        return f"escape:{name}", last[:200]
+    if returncode is None:
+        return "hang", "no exit in time"
+    if returncode < 0:
+        return f"escape:signal {-returncode}", f"killed by signal {-returncode}"
+    if returncode == 0:
+        return ("silent" if valid is False else "accepted"), "exit 0"
+    if returncode == 2 and text:
+        return "rejected", last[:200]
+    return "unclear", f"exit {returncode}: {last[:180]}"
+
+
 # ------------------------------------------------------------------------ input kinds
 def _self_ref():
     items = [1]
@@ -210,13 +472,15 @@ def _self_ref():
 def edge_values(np):
     """The fixed edge-case list (every cheap parameter gets all of it)."""
     return [math.nan, math.inf, -math.inf, 5e-324, 1e308, -1e308, 10**400, -10**400, 2**63,
-            -1, 0, 1, 7, 1.5, -0.0, True, False, np.float64(2.5), np.int64(5), np.bool_(True),
+            2**31, 2**63 - 1, -2**63, -1, 0, 1, 7, 1.5, -0.0, True, False, np.float64(2.5),
+            np.int64(5), np.bool_(True), np.float64(math.nan), np.float32(math.inf),
+            np.int32(2**31 - 1), np.int64(2**62), np.uint64(2**63), np.int8(-1), np.float16(0.5),
             Fraction(3, 2), Decimal("4.5"), b"12", 3 + 4j, "\uff11\uff12", "x" * 100_000, "",
             " ", "abc", "12", [], [1, 2], (), {}, {"a": 1}, object(), None, _self_ref()]
 
 
 # the subset for slow targets: one of each family
-FEW = (math.nan, math.inf, 10**400, -1, 0, True, "abc", None, 1.5, [], object())
+FEW = (math.nan, math.inf, 10**400, 2**31, -1, 0, True, "abc", None, 1.5, [], object())
 
 
 def _is_bool(v) -> bool:
@@ -300,7 +564,8 @@ def junk(st):
 
 # --------------------------------------------------------------------------- the fuzzer
 class Fuzzer:
-    def __init__(self, helpers, *, examples: int, only=(), log=None, trace=False):
+    def __init__(self, helpers, *, examples: int, only=(), log=None, trace=False,
+                 sandbox=None, repo=None, check_state=True):
         import numpy as np
         from hypothesis import strategies as st
 
@@ -315,7 +580,14 @@ class Fuzzer:
         self.harness_errors: list[str] = []
         self.edges = edge_values(np)
         self.junk = junk(st)
-        self.tmp = Path(tempfile.mkdtemp(prefix="fuzz_api_"))
+        # every file a call may write lands under the sandbox; the harness's own inputs in
+        # sandbox/harness, odd files (FIFOs, links, long names) in sandbox/special
+        self.sandbox = Path(sandbox or tempfile.mkdtemp(prefix="fuzz_api_")).resolve()
+        self.tmp = self.sandbox / "harness"
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.special = special_paths(self.sandbox / "special")
+        self.repo = Path(repo or Path(helpers.__file__).parents[1]).resolve()
+        self.check_state = check_state
         self._torch = None
         threading.excepthook = self._thread_hook
 
@@ -351,7 +623,8 @@ class Fuzzer:
         """Run ``fn()`` once, classify the outcome and record it; returns (kind, value)."""
         if self.trace:
             self.log(f"    {label[:150]}")
-        if target not in self.warmed:  # a first call may import a lot: never cut an import
+        first = target not in self.warmed
+        if first:  # a first call may import a lot: never cut an import
             self.warmed.add(target)
             timeout = max(timeout, 90.0)
         out, err = io.StringIO(), io.StringIO()
@@ -359,6 +632,8 @@ class Fuzzer:
         exc = value = None
         started = time.perf_counter()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            # a first call imports modules and starts their threads: no state check there
+            before = state_snapshot(self.sandbox) if self.check_state and not first else None
             try:
                 with alarm(timeout):
                     value = fn()
@@ -371,7 +646,12 @@ class Fuzzer:
                       else f"returned {short(value, 100)}")
             if isinstance(exc, Hang):
                 detail = f"no result after {timeout:g} s"
-            if kind in PASSED and check is not None:
+            if kind == "rejected" and before is not None:
+                changed = state_changes(before, state_snapshot(self.sandbox))
+                if changed:
+                    kind = "side-effect"
+                    detail = f"refused ({detail[:120]}), yet changed: {', '.join(changed)}"
+            if kind in PASSED + ("silent",) and check is not None:
                 try:
                     with alarm(timeout):
                         verdict = check(exc if exc is not None else value)
@@ -463,8 +743,11 @@ class Fuzzer:
         return obj
 
     def linear(self):
-        self.torch.manual_seed(0)
-        return self.torch.nn.Linear(3, 2)
+        """A small model made without moving the global torch generator (a refusal that
+        follows must find it as it was)."""
+        with self.torch.random.fork_rng(devices=[]):
+            self.torch.manual_seed(0)
+            return self.torch.nn.Linear(3, 2)
 
     def pollers(self) -> list[str]:
         return sorted(t.name for t in threading.enumerate()
@@ -503,7 +786,8 @@ class Fuzzer:
     def run(self, *, cases=True):
         steps = [self.t_format, self.t_foundation, self.t_launch, self.t_checkpoint,
                  self.t_memory, self.t_finder, self.t_oom, self.t_watch, self.t_throughput,
-                 self.t_data_models, self.t_new_names, self.t_keras]
+                 self.t_data_models, self.t_new_names, self.t_keras, self.t_paths,
+                 self.t_planner, self.t_standins, self.t_cli]
         started = time.perf_counter()
         for step in steps:
             self.log(f"[{time.perf_counter() - started:4.0f} s] "
@@ -1584,6 +1868,269 @@ class Fuzzer:
                       documented=(ModuleNotFoundError,), timeout=60)
         self.once("onednn_setting", "onednn_setting", "helpers.onednn_setting()",
                   lambda: h.onednn_setting())
+        self._keras_models()
+
+    def _keras_models(self):
+        """keras_resnet, KerasVirtualGPU and measure_keras_memory with bad arguments."""
+        h, st = self.h, self.st
+        tf_missing = (ModuleNotFoundError,)
+        for param, kind in (("image_size", k_int(st, 8, 32, hi=512)),
+                            ("width", k_int(st, 1, 16, hi=256)),
+                            ("classes", k_int(st, 1, 10, hi=10**5)),
+                            ("blocks", k_any(st, [(1,), (2, 2)]))):
+            self.fuzz("keras_resnet", param, lambda v, p=param: h.keras_resnet(**{p: v}),
+                      kind, target="keras_resnet", cost=3, timeout=60, documented=tf_missing)
+        if self.exported("KerasVirtualGPU"):
+            self.fuzz("KerasVirtualGPU", "capacity",
+                      lambda v: self.show(h.KerasVirtualGPU(v, 0)),
+                      k_any(st, ["16GB", 2**30]), target="KerasVirtualGPU", cost=2,
+                      names=("capacity", "size", "gpu"), documented=tf_missing)
+            self.fuzz("KerasVirtualGPU", "memory",
+                      lambda v: self.show(h.KerasVirtualGPU("16GB", v)),
+                      k_int(st, 0, 2**20, hi=2**40), target="KerasVirtualGPU", cost=2,
+                      documented=tf_missing)
+        if self.exported("measure_keras_memory"):
+            def build():
+                import keras
+
+                model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+                model.compile(optimizer="sgd", loss="mse")
+                return model
+
+            self.fuzz("measure_keras_memory", "batch_sizes",
+                      lambda v: h.measure_keras_memory(build, v, steps=1),
+                      k_any(st), target="measure_keras_memory", cost=3, timeout=60,
+                      names=("batch_sizes", "batch"), documented=tf_missing,
+                      extra=[[0], [-1], [2**31], [2**63], [math.nan], [4, 4], "8"])
+            self.fuzz("measure_keras_memory", "steps",
+                      lambda v: h.measure_keras_memory(build, [2, 4], steps=v),
+                      k_int(st, 1, 2, hi=100), target="measure_keras_memory", cost=3,
+                      timeout=60, documented=tf_missing)
+
+    # ------------------------------------------------------------------ odd paths
+    def t_paths(self):
+        """odd paths (FIFO, link to a FIFO, device-like node, dangling link, long names) for
+        save_checkpoint, load_checkpoint and will_it_fit"""
+        h = self.h
+        if not self.wanted_any("save_checkpoint", "load_checkpoint"):
+            return
+        model = self.linear()
+        for label in list(self.special):
+            self.fresh_special()
+            path = guard_path(self.special[label], self.sandbox)
+            kind_before = file_kind(path)
+            target = os.path.realpath(path) if kind_before == "link" else None
+            target_kind = file_kind(target) if target else None
+
+            def kept(result, path=path, kind_before=kind_before, target=target,
+                     target_kind=target_kind, label=label):
+                if file_kind(path) != kind_before and kind_before not in ("none",):
+                    return ("replaced", f"the {label} at the path is now a "
+                            f"{file_kind(path)} ({kind_before} before)")
+                if target and target_kind not in ("none",) and file_kind(target) != target_kind:
+                    return ("replaced", f"what the link points to is now a "
+                            f"{file_kind(target)} ({target_kind} before)")
+                return None
+
+            legal = label in ("long_name_250", "link_to_regular")
+            self.once("save_checkpoint", "save_checkpoint(path=<odd file>)",
+                      f"helpers.save_checkpoint(<{label}>, model=m, epoch=1)",
+                      lambda p=path: h.save_checkpoint(p, model=model, epoch=1),
+                      names=("path",), valid=None if legal else False, timeout=3,
+                      check=kept)
+            self.fresh_special()
+            self.once("load_checkpoint", "load_checkpoint(path=<odd file>)",
+                      f"helpers.load_checkpoint(<{label}>, model=m)",
+                      lambda p=path: h.load_checkpoint(p, model=self.linear()),
+                      names=("path", "checkpoint"), documented=(FileNotFoundError,),
+                      timeout=3, check=kept)
+
+    def fresh_special(self):
+        self.special = special_paths(self.sandbox / "special")
+        return self.special
+
+    # ------------------------------------------------------------------ the planner
+    def tiny_script(self) -> Path:
+        script = self.tmp / "tiny_train.py"
+        script.write_text(
+            "import argparse, torch\n"
+            "p = argparse.ArgumentParser(); p.add_argument('--batch-size', type=int, "
+            "default=8)\n"
+            "a = p.parse_args()\n"
+            "m = torch.nn.Linear(4, 2).cuda()\n"
+            "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+            "for _ in range(3):\n"
+            "    m(torch.randn(a.batch_size, 4, device='cuda')).sum().backward()\n"
+            "    opt.step(); opt.zero_grad()\n")
+        return script
+
+    def t_planner(self):
+        """the planner (will_it_fit, Plan.slurm, Plan.card_fit)"""
+        h, st = self.h, self.st
+        if not self.wanted_any("will_it_fit", "Plan"):
+            return
+        script = self.tiny_script()
+        wif = h.will_it_fit
+        plan = None
+        if self.wanted("will_it_fit"):
+            _, plan = self.call("will_it_fit", "will_it_fit", "helpers.will_it_fit(<tiny>)",
+                                lambda: wif(str(script)), timeout=120)
+            for param, kind in (
+                    ("gpu", k_str(st, ("A100-40GB", "L40S", "H100-80GB"))),
+                    ("steps", k_int(st, 1, 3, hi=1000)),
+                    ("multiple_of", k_int(st, 1, 16, hi=65536)),
+                    ("max_batch", k_int(st, 1, 64)),
+                    ("max_forwards", k_int(st, 1, 60)),
+                    ("time_limit", k_real(st, 0, 7 * 86400, above=True, top=60)),
+                    ("context", k_any(st, [0, "500 MiB"])),
+                    ("margin", k_any(st, [None, "20%", "1 GiB"])),
+                    ("amp", k_any(st, [None, "bf16", "fp16"])),
+                    ("ddp", k_any(st, [None, 2])),
+                    ("checkpoint_every", k_any(st, [None, 1])),
+                    ("strict", k_flag(st)), ("fake", k_flag(st))):
+                self.fuzz("will_it_fit", param,
+                          lambda v, p=param: wif(str(script), **{p: v}), kind,
+                          target="will_it_fit", cost=3, timeout=60,
+                          documented=(h.PlanError,) if self.exported("PlanError") else ())
+            self.fuzz("will_it_fit", "args", lambda v: wif(str(script), v),
+                      k_any(st, [(), ["--batch-size", "4"]]), target="will_it_fit",
+                      cost=3, timeout=60)
+            self.once("will_it_fit", "will_it_fit", "helpers.will_it_fit(<tiny>, "
+                      "batch_arg='--batch-size', max_batch=2**31)",
+                      lambda: wif(str(script), batch_arg="--batch-size", max_batch=2**31),
+                      names=("max_batch",), timeout=60)
+            for label, path in [*self.fresh_special().items(), ("folder", self.tmp),
+                                ("missing", self.tmp / "missing.py")]:
+                self.fresh_special()
+                guard_path(path, self.sandbox)
+                self.once("will_it_fit", "will_it_fit(script=<odd file>)",
+                          f"helpers.will_it_fit(<{label}>)", lambda p=path: wif(str(p)),
+                          names=("script",), valid=False, timeout=20,
+                          documented=(FileNotFoundError,))
+        if plan is None or not hasattr(plan, "slurm"):
+            return
+        self.fuzz("Plan", "time_limit", lambda v: plan.slurm(time_limit=v),
+                  k_any(st, ["01:00:00", "30", 90, "1-00"]), target="Plan.slurm",
+                  names=("time_limit", "time"), extra=[math.nan, -5, "nan", "25:99:99", 0])
+        self.fuzz("Plan", "card", lambda v: plan.slurm(card=v),
+                  k_any(st, [None, "A100-80GB"]), target="Plan.slurm", names=("card",))
+        if hasattr(plan, "card_fit"):
+            self.fuzz("Plan", "card", lambda v: plan.card_fit(v),
+                      k_any(st, ["L40S", "A100-80GB"]), target="Plan.card_fit",
+                      names=("card",), cost=2)
+
+    # ------------------------------------------------------------------ CUDA stand-ins
+    def t_standins(self):
+        """SimulatedCuda and FakeNvml, entered and used (device_count=2**31,
+        this_process_bytes=inf...)"""
+        h, st = self.h, self.st
+        if self.wanted("SimulatedCuda"):
+            torch = self.torch
+
+            def use_sim(**kw):
+                with h.SimulatedCuda(**kw):
+                    n = torch.cuda.device_count()
+                    if n:
+                        torch.cuda.get_device_properties(n - 1)
+                        torch.cuda.mem_get_info(0)
+                    return n
+
+            for param, kind in (("device_count", k_int(st, 0, 8, hi=1024)),
+                                ("gpu", k_any(st, [None, "L40S", "16 GiB"])),
+                                ("capability", k_any(st, [(9, 0), (8, 6)])),
+                                ("cudnn_version", k_int(st, 0, 99999)),
+                                ("cuda_version", k_any(st, [None, "13.0", "12.4"])),
+                                ("available", k_flag(st))):
+                self.fuzz("SimulatedCuda", param, lambda v, p=param: use_sim(**{p: v}), kind,
+                          target="SimulatedCuda (entered)", cost=2, timeout=5)
+        if self.wanted("FakeNvml"):
+            def use_nvml(**kw):
+                with h.FakeNvml(**kw):
+                    return h.nvml_status() if self.exported("nvml_status") else None
+
+            for param, kind in (("this_process_bytes", k_int(st, 0, 2**34, hi=2**60)),
+                                ("cuda_driver", k_int(st, 0, 13000, hi=10**6)),
+                                ("driver", k_str(st, ("580.95.05",), longest=100)),
+                                ("fail", k_any(st, [()])),
+                                ("bytes_names", k_flag(st))):
+                self.fuzz("FakeNvml", param, lambda v, p=param: use_nvml(**{p: v}), kind,
+                          target="FakeNvml (entered)", cost=2, timeout=5)
+
+    # ------------------------------------------------------------------ command-line programs
+    def cli(self, label, argv, *, valid=False, timeout=90.0, check=None):
+        """Run one command-line program in the sandbox; bad arguments must give exit 2 and a
+        message, never a traceback."""
+        env = {**os.environ, "PYTHONPATH": str(self.repo), "GPU_LESSONS_HEADLESS": "1"}
+        started = time.perf_counter()
+        try:
+            proc = subprocess.run([sys.executable, *argv], cwd=self.tmp, env=env,
+                                  capture_output=True, text=True, errors="replace",
+                                  timeout=timeout, start_new_session=True)
+            rc, err = proc.returncode, proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            rc, err = None, (exc.stderr or b"").decode("utf-8", "replace") if isinstance(
+                exc.stderr, bytes) else (exc.stderr or "")
+        kind, detail = cli_verdict(rc, err, valid)
+        if check is not None and kind in PASSED + SOFT:
+            verdict = check()
+            if verdict:
+                kind, detail = verdict
+        self.records.append({"target": label, "name": label, "owner": "lead",
+                             "input": " ".join(["python", *argv])[:300], "kind": kind,
+                             "detail": " ".join(detail.split())[:300],
+                             "seconds": round(time.perf_counter() - started, 3)})
+        self.reap_children()
+        return kind
+
+    def t_cli(self):
+        """command-line programs (python -m helpers.fit, scripts/ddp_train.py) with bad
+        arguments"""
+        if self.only and not {"cli", "fit", "ddp_train"} & set(self.only):
+            return
+        script = str(self.tiny_script())
+        fit = ["-m", "helpers.fit"]
+        for args in ([], [script, "--steps", "0"], [script, "--steps", "1e10"],
+                     [script, "--steps", str(2**63)], [script, "--gpu", "NoSuchCard"],
+                     [script, "--max-batch", "-1"], [script, "--multiple-of", "0"],
+                     [script, "--time-limit", "nan"], [script, "--time-limit", "inf"],
+                     [script, "--context", "lots"], [script, "--margin", "200%"],
+                     [script, "--ddp", str(2**31)], [script, "--max-forwards", "0"],
+                     [str(self.special["fifo"])], [str(self.special["dangling_link"])],
+                     [str(self.tmp)], ["missing.py"]):
+            self.fresh_special()
+            self.cli("python -m helpers.fit", fit + args, timeout=20 if any(
+                "special" in a for a in args) else 60)
+        self.cli("python -m helpers.fit", fit + [script], valid=True, timeout=120)
+        ddp = str(self.repo / "scripts" / "ddp_train.py")
+        if not Path(ddp).is_file():
+            return
+        small = ["--epochs", "1", "--samples", "64", "--log-every", "1000"]
+        for args in (["--batch-size", "0"], ["--batch-size", "1e10"],
+                     ["--batch-size", str(10**10)], ["--epochs", "-1"], ["--lr", "nan"],
+                     ["--samples", str(2**31)], ["--classes", "0"], ["--depth", str(2**31)],
+                     ["--hidden", "0"], ["--features", "-3"], ["--noise", "inf"],
+                     ["--log-every", "0"], ["--amp", "maybe"], ["--stop-after-steps", "-1"]):
+            self.cli("scripts/ddp_train.py", [ddp, *small, *args], timeout=60)
+        for label in ("fifo", "link_to_fifo", "device_like", "long_name_256"):
+            path = guard_path(self.fresh_special()[label], self.sandbox)
+            before = file_kind(path)
+
+            def kept(path=path, before=before, label=label):
+                if file_kind(path) != before:
+                    return ("replaced", f"--checkpoint <{label}> is now a {file_kind(path)}")
+                real = os.path.realpath(path)
+                if file_kind(real) not in ("fifo", "none"):
+                    return ("replaced", f"what <{label}> points to is now a {file_kind(real)}")
+                return None
+
+            self.cli("scripts/ddp_train.py", [ddp, *small, "--checkpoint", str(path)],
+                     timeout=30, check=kept)
+        bad_resume = self.tmp / "no_totals.pt"
+        if self.exported("save_checkpoint"):
+            with contextlib.suppress(Exception):
+                self.h.save_checkpoint(bad_resume, model=self.linear(), epoch=1)
+                self.cli("scripts/ddp_train.py", [ddp, *small, "--checkpoint",
+                                                  str(bad_resume)], valid=None, timeout=60)
 
     # ============================================================== the 11 issue cases
     def case_1(self):
@@ -2171,24 +2718,73 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="Fuzz the public API of helpers and classify each call as the fuzz "
                     "review does (hard/soft failures, the 11 numbered fuzz cases).")
-    parser.add_argument("--repo", default=str(Path(__file__).resolve().parents[1]),
+    parser.add_argument("--repo", default=str(Path(__file__).resolve().parents[2]),
                         help="checkout whose helpers package is imported (default: this one)")
     parser.add_argument("--examples", type=int, default=12,
                         help="hypothesis draws per cheap parameter (slow ones get fewer); "
                              "default 12: about 4,000 inputs in 4-7 minutes on 2 busy cores")
     parser.add_argument("--out", help="write the results (every call) as JSON here")
     parser.add_argument("--only", default="",
-                        help="comma-separated public names to fuzz (default: all); the cases "
-                             "run only for these names")
+                        help="comma-separated public names to fuzz (default: all; 'cli' for "
+                             "the command-line programs); the cases run only for these names")
     parser.add_argument("--no-cases", action="store_true", help="skip the 11 issue cases")
     parser.add_argument("--before", help="a results JSON of an earlier run to compare with")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--trace", action="store_true", help="log every input before its call")
+    parser.add_argument("--sandbox", help="an empty folder to run in (default: a new temporary "
+                        "folder, removed at the end); every file a call writes lands there")
+    parser.add_argument("--memory-gib", type=float, default=12,
+                        help="address-space limit of the harness and its children (12)")
+    parser.add_argument("--file-mib", type=int, default=512,
+                        help="largest file the harness and its children may write (512)")
+    parser.add_argument("--no-state-check", action="store_true",
+                        help="do not compare the state before and after a refused call")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    repo = Path(args.repo).resolve()
+    if not (repo / "helpers" / "__init__.py").is_file():
+        print(f"error: {repo} has no helpers package", file=sys.stderr)
+        return 2
+    out = Path(args.out).resolve() if args.out else None
+    before = json.loads(Path(args.before).read_text()) if args.before else None
+    made_sandbox = not args.sandbox
+    sandbox = Path(args.sandbox or tempfile.mkdtemp(prefix="fuzz_api_")).resolve()
+    if args.sandbox and (not sandbox.is_dir() or any(sandbox.iterdir())):
+        print(f"error: --sandbox must name an empty folder: {sandbox}", file=sys.stderr)
+        return 2
+    # the sandbox, before anything is imported: temporary files, HOME (Keras, matplotlib),
+    # hypothesis's folder and the working folder all inside it; then the limits (children
+    # inherit them)
+    for sub in ("tmp", "home", "harness"):
+        (sandbox / sub).mkdir()
+    os.environ.update(TMPDIR=str(sandbox / "tmp"), HOME=str(sandbox / "home"),
+                      MPLCONFIGDIR=str(sandbox / "home" / "mpl"),
+                      KERAS_HOME=str(sandbox / "home" / "keras"),
+                      HYPOTHESIS_STORAGE_DIRECTORY=str(sandbox / "home" / "hypothesis"))
+    tempfile.tempdir = str(sandbox / "tmp")
+    # hypothesis's Unicode tables take seconds to build: copied (only read) from a cache here
+    for cache in (Path.cwd() / ".hypothesis" / "unicode_data",
+                  repo / ".hypothesis" / "unicode_data"):
+        if cache.is_dir():
+            with contextlib.suppress(OSError):
+                shutil.copytree(cache, sandbox / "home" / "hypothesis" / "unicode_data")
+            break
+    home = os.getcwd()
+    os.chdir(sandbox / "harness")  # whatever a fuzzed call writes lands in the sandbox
+    try:
+        return _run(args, repo, sandbox, out, before)
+    finally:
+        os.chdir(home)
+        if made_sandbox:
+            shutil.rmtree(sandbox, ignore_errors=True)
+
+
+def _run(args, repo: Path, sandbox: Path, out, before) -> int:
+    import resource
+
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                 "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
         os.environ[var] = "1"
@@ -2197,14 +2793,13 @@ def main(argv=None) -> int:
     with contextlib.suppress(OSError):
         os.nice(19)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 3000))
-    with contextlib.suppress(ValueError, OSError):  # large allocations fail fast instead
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (12 * 2**30, resource.RLIM_INFINITY))
-    repo = Path(args.repo).resolve()
-    if not (repo / "helpers" / "__init__.py").is_file():
-        print(f"error: {repo} has no helpers package", file=sys.stderr)
-        return 2
+    applied = apply_limits(sandbox_limits(user_tasks(), memory_gib=args.memory_gib,
+                                          file_mib=args.file_mib))
+    limits = {n: applied.get(getattr(resource, n)) for n in ("RLIMIT_NPROC", "RLIMIT_AS",
+                                                             "RLIMIT_FSIZE")}
+    log = (lambda text: None) if args.quiet else (
+        lambda text: print(text, file=sys.__stderr__, flush=True))
+    log(f"sandbox {sandbox}; limits: {limits}")
     sys.path.insert(0, str(repo))
     for name in [m for m in sys.modules if m == "helpers" or m.startswith("helpers.")]:
         del sys.modules[name]
@@ -2214,23 +2809,16 @@ def main(argv=None) -> int:
         print(f"error: imported {helpers.__file__}, not {repo}", file=sys.stderr)
         return 2
     only = [n.strip() for n in args.only.split(",") if n.strip()]
-    out = Path(args.out).resolve() if args.out else None
-    before = json.loads(Path(args.before).read_text()) if args.before else None
-    log = (lambda text: None) if args.quiet else (
-        lambda text: print(text, file=sys.__stderr__, flush=True))
     started = time.perf_counter()
-    fuzzer = Fuzzer(helpers, examples=args.examples, only=only, log=log, trace=args.trace)
-    home = os.getcwd()
-    os.chdir(fuzzer.tmp)  # whatever a fuzzed call writes lands in a temporary folder
-    try:
-        fuzzer.run(cases=not args.no_cases)
-    finally:
-        os.chdir(home)
+    fuzzer = Fuzzer(helpers, examples=args.examples, only=only, log=log, trace=args.trace,
+                    sandbox=sandbox, repo=repo, check_state=not args.no_state_check)
+    fuzzer.run(cases=not args.no_cases)
     commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     result = {"repo": str(repo), "commit": commit, "examples": args.examples, "only": only,
               "seconds": round(time.perf_counter() - started, 1),
               "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+              "sandbox": str(sandbox), "limits": limits,
               "summary": summarize(fuzzer.records), "cases": case_results(fuzzer.records),
               "harness_errors": fuzzer.harness_errors,
               "records": fuzzer.records}
@@ -2240,7 +2828,6 @@ def main(argv=None) -> int:
     if out:
         out.write_text(json.dumps(result, indent=1, default=str))
     fuzzer.reap_children()
-    shutil.rmtree(fuzzer.tmp, ignore_errors=True)
     return 0
 
 
