@@ -156,7 +156,11 @@ def _file(path) -> Path:
         raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
     if "\0" in text(os.fspath(path), "path", longest=4096):
         raise ValueError(f"path holds a NUL character: {shown(os.fspath(path))}")
-    return Path(path)
+    path = Path(path)
+    if len(os.fsencode(path.name)) > _NAME_MAX:
+        raise ValueError(f"path's file name is {len(os.fsencode(path.name))} bytes long; a "
+                         f"file name holds at most {_NAME_MAX} bytes: {shown(path.name)}")
+    return path
 
 
 def _check_parts(optimizer, scaler) -> None:

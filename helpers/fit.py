@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 
@@ -154,6 +155,8 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 def script_options(path: str) -> set[str]:
     """The option names a script's source defines (``add_argument("--gpu", "-g", ...)``,
     ``click.option("--gpu")``); empty when it cannot be read."""
+    if not os.path.isfile(path):  # a FIFO or device would block the read
+        return set()
     try:
         with open(path, encoding="utf-8") as f:
             source = f.read()

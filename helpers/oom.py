@@ -99,9 +99,13 @@ class SyntheticImages(torch.utils.data.Dataset):
     def __init__(self, n_samples: int = 1024, *, size: int = 224, n_classes: int = 1000,
                  channels: int = 3, seed: int = 0):
         self.n_samples = positive_int(n_samples, "n_samples")
-        self.size = positive_int(size, "size")
+        self.size = positive_int(size, "size", 16384)
         self.n_classes = positive_int(n_classes, "n_classes")
-        self.channels = positive_int(channels, "channels")
+        self.channels = positive_int(channels, "channels", 1024)
+        if self.channels * self.size**2 * 4 > 2**30:  # each image is made when it is read
+            raise ValueError(f"size={self.size} and channels={self.channels}: one float32 image "
+                             f"would take {self.channels * self.size**2 * 4 / 2**30:.3g} GiB; "
+                             "at most 1 GiB an image")
         self.seed = whole_number(seed, "seed", -LARGEST)
 
     def __len__(self) -> int:

@@ -54,6 +54,11 @@ _THIS_GPU = "this process's GPU"  # StepTimer's default GPU, found when it first
 
 
 # ------------------------------------------------------------------------------ data set
+class IndexOutOfRange(IndexError, ValueError):
+    """An index outside a data set: an IndexError (the Dataset protocol, which ends plain
+    iteration) that is also the ValueError a bad argument gets."""
+
+
 class SlowDataset:
     """A map-style data set whose samples cost time to load (lesson 09).
 
@@ -95,7 +100,7 @@ class SlowDataset:
             raise TypeError(f"index must be an int, got {type(i).__name__}: {i!r}")
         n = len(self)
         if not -n <= i < n:
-            raise IndexError(f"index {i} is out of range for a data set of {n} samples")
+            raise IndexOutOfRange(f"index {i} is out of range for a data set of {n} samples")
         return int(i)
 
     def decode(self, i: int) -> tuple[np.ndarray, np.int64]:
@@ -521,7 +526,7 @@ def compare(runs: Mapping[str, Callable[[], int]], *, rounds: int = 2,
     for name, fn in runs.items():
         if not isinstance(name, str) or not callable(fn):
             raise TypeError(f"runs must map names (str) to functions, got {name!r}: {fn!r}")
-    rounds = positive_int(rounds, "rounds")
+    rounds = positive_int(rounds, "rounds", 1000)
     wait = sync_function(sync)
     for what, mapping in (("skipped", skipped), ("notes", notes)):
         if mapping is not None and not isinstance(mapping, Mapping):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import socket
@@ -35,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 import helpers
-from helpers.checkpoint import _writable, load_checkpoint, save_checkpoint
+from helpers.checkpoint import _file, _writable, load_checkpoint, save_checkpoint
 from helpers.core.fmt import fmt_seconds
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -61,20 +62,36 @@ def count(name: str):
     return parse
 
 
+def finite(name: str):
+    """An argparse type: a finite real number (inf and nan are refused with the option's
+    name, as an argparse error: exit status 2 and the usage, no traceback)."""
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
+        return number
+    parse.__name__ = name
+    return parse
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--epochs", type=count("epochs"), default=2, help="epochs to train in total")
     p.add_argument("--batch-size", type=count("batch_size"), default=32,
                    help="batch size PER PROCESS")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
+    p.add_argument("--lr", type=finite("lr"), default=0.05, help="SGD learning rate")
     p.add_argument("--samples", type=count("samples"), default=1024,
                    help="synthetic training samples")
     p.add_argument("--features", type=count("features"), default=32)
     p.add_argument("--hidden", type=count("hidden"), default=128)
     p.add_argument("--depth", type=count("depth"), default=2)
     p.add_argument("--classes", type=count("classes"), default=4)
-    p.add_argument("--noise", type=float, default=6.0, help="spread of the synthetic classes")
+    p.add_argument("--noise", type=finite("noise"), default=6.0,
+                   help="spread of the synthetic classes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="save every epoch and on SIGTERM/SIGUSR1; resume from it if it exists "
@@ -111,9 +128,10 @@ def parse_args(argv=None):
         p.error("--stop-after-steps needs a positive K and --checkpoint (where to save)")
     if args.checkpoint is not None:
         try:
+            _file(args.checkpoint)  # a name longer than the file system allows
             _writable(args.checkpoint, "--checkpoint")
-        except ValueError as exc:
-            p.error(str(exc))
+        except (TypeError, ValueError) as exc:
+            p.error(str(exc).replace("path", "--checkpoint", 1))
     return args
 
 

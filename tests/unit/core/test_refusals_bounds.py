@@ -212,3 +212,51 @@ def test_a_timeline_without_tensor_categories_still_plots():
 def test_compare_names_a_skipped_or_notes_that_is_not_a_mapping(what):
     with pytest.raises(TypeError, match=rf"{what} must be a dict"):
         helpers.compare({"a": lambda: 10}, rounds=1, **{what: 5})
+
+
+# ------------------------------------------ the fuzz harness's last hard failures (issue 33)
+def test_synthetic_images_sizes_are_bounded():
+    """size=2**31 or channels=2**31 raised RuntimeError from the allocator."""
+    for kwargs, words in (({"channels": 2**31}, "channels must be at most 1024"),
+                          ({"size": 2**31}, "size must be at most 16384"),
+                          ({"size": 16384, "channels": 1024}, "at most 1 GiB an image")):
+        with pytest.raises(ValueError, match=words):
+            helpers.SyntheticImages(4, **kwargs)
+
+
+def test_compare_rounds_is_bounded():
+    """compare(rounds=2**31) ran for ever."""
+    with pytest.raises(ValueError, match="rounds must be at most 1000"):
+        helpers.compare({"a": lambda: 1}, rounds=2**31)
+
+
+def test_an_index_out_of_range_is_an_index_error_and_a_value_error():
+    """SlowDataset.load_batch([10**400]) raised a bare IndexError; it is still one (the
+    Dataset protocol) and also the ValueError a bad argument gets."""
+    data = helpers.SlowDataset(8, 4, 2, latency_s=0.0)
+    for bad in ([10**30], 2**63, -9):
+        with pytest.raises(ValueError, match="out of range for a data set of 8 samples"):
+            data.load_batch(bad)
+    with pytest.raises(IndexError):
+        data[8]
+
+
+def test_a_checkpoint_file_name_longer_than_the_file_system_allows(tmp_path):
+    """A 256-byte file name raised OSError(ENAMETOOLONG) from save and load."""
+    model = torch.nn.Linear(2, 2)
+    path = tmp_path / ("n" * 256)
+    with pytest.raises(ValueError, match="file name is 256 bytes long"):
+        helpers.save_checkpoint(path, model=model, epoch=1)
+    with pytest.raises(ValueError, match="at most 255 bytes"):
+        helpers.load_checkpoint(path, model=model)
+
+
+def test_the_planner_refuses_a_fifo_without_reading_it(tmp_path):
+    """`python -m helpers.fit <fifo>` blocked on reading the FIFO for the script's options."""
+    import os
+
+    from helpers.fit import script_options
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert script_options(str(fifo)) == set()  # returns at once: nothing is read

@@ -116,6 +116,9 @@ def test_log_every_must_be_positive(every, capsys):
     (["--samples", "10000000", "--features", "100000"], "at most 268,435,456"),
     (["--hidden", "100000", "--depth", "1000"], "at most 268,435,456"),
     (["--depth", "99999999"], "--depth 99,999,999 is more than 1,000"),
+    (["--noise", "inf"], "argument --noise: expected a finite number, got 'inf'"),
+    (["--lr", "nan"], "argument --lr: expected a finite number, got 'nan'"),
+    (["--checkpoint", "c" * 256], "--checkpoint's file name is 256 bytes long"),
 ])
 def test_issue33_huge_counts_are_refused_with_the_bound(args, words, capsys):
     """--batch-size 1e10 (or 10**10) raised MemoryError; every count now has a bound and the
