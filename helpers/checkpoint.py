@@ -174,11 +174,11 @@ def _check_parts(optimizer, scaler) -> None:
 def _real_weights(plain: nn.Module) -> dict:
     """``plain.state_dict()``, refused (ValueError naming ``model``) when a tensor holds no
     data: a meta-device or fake-tensor model would save a file no real model can load."""
-    from torch._subclasses.fake_tensor import FakeTensor
+    from .memory.virtual import is_fake  # torch's private names stay in helpers/memory
 
     weights = plain.state_dict()
     for name, t in weights.items():
-        if isinstance(t, torch.Tensor) and (t.is_meta or isinstance(t, FakeTensor)):
+        if isinstance(t, torch.Tensor) and (t.is_meta or is_fake(t)):
             kind = "on the meta device" if t.is_meta else f"a {type(t).__name__}"
             raise ValueError(f"model's {name!r} is {kind}: it holds no data to save; "
                              "save a model whose weights are real tensors (e.g. after "

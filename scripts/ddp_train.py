@@ -129,9 +129,12 @@ def parse_args(argv=None):
     if args.checkpoint is not None:
         try:
             _file(args.checkpoint)  # a name longer than the file system allows
-            _writable(args.checkpoint, "--checkpoint")
         except (TypeError, ValueError) as exc:
-            p.error(str(exc).replace("path", "--checkpoint", 1))
+            p.error(str(exc).replace("path's", "--checkpoint's", 1))
+        try:
+            _writable(args.checkpoint, "--checkpoint")
+        except ValueError as exc:
+            p.error(str(exc))
     return args
 
 
